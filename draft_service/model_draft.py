@@ -1,0 +1,68 @@
+"""A small causal LM as the draft, with its own KV cache and explicit rollback.
+
+The cache holds K/V for tokens[:cached_length]; the tokens after that are fed
+on the next proposal, so the prefix is never re-encoded.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from draft_service.proposer import DraftSequence, Proposal, Proposer
+from specdec.sampling import SamplingParams, make_generator, probs_from_logits, sample
+from specdec.kv_cache import new_cache, rollback_cache
+
+
+class ModelSequence(DraftSequence):
+    def __init__(self, model, prompt_ids: list[int], sampling: SamplingParams, return_probs: bool):
+        self.model = model
+        self.sampling = sampling
+        self.return_probs = return_probs and not sampling.greedy
+        # The draft's own random stream, seeded apart from the verifier's.
+        self.generator = make_generator(None if sampling.seed is None else sampling.seed + 1)
+        self.cache = new_cache(model)
+        self.cached_length = 0
+        super().__init__(prompt_ids)
+
+    @torch.inference_mode()
+    def propose(self, k: int) -> Proposal:
+        proposal, rows = [], []
+        for _ in range(k):
+            logits = self._feed(self.tokens[self.cached_length :])  # [V] after the last token
+            q = probs_from_logits(logits[None], self.sampling)[0]  # [V]
+            token = int(q.argmax()) if self.sampling.greedy else sample(q, self.generator)
+            self.tokens.append(token)
+            proposal.append(token)
+            rows.append(q)
+        probs = torch.stack(rows) if (self.return_probs and rows) else None  # [k, V]
+        return Proposal(proposal, probs)
+
+    def _feed(self, token_ids: list[int]) -> torch.Tensor:
+        input_ids = torch.tensor([token_ids], dtype=torch.long, device=self.model.device)  # [1, n]
+        out = self.model(input_ids=input_ids, past_key_values=self.cache, use_cache=True)
+        self.cached_length += len(token_ids)
+        return out.logits[0, -1]  # [V]
+
+    def _extend(self, token_ids: list[int]) -> None:
+        self.tokens.extend(token_ids)
+
+    def _truncate(self, length: int) -> None:
+        del self.tokens[length:]
+        # keep at least one token uncached, so that the next proposal has something to feed
+        if self.cached_length > length - 1:
+            self.cached_length = max(length - 1, 0)
+            rollback_cache(self.cache, self.cached_length)
+
+    def close(self) -> None:
+        self.cache = None
+
+
+class ModelProposer(Proposer):
+    method = "model"
+    inline = False
+
+    def __init__(self, model):
+        self.model = model
+
+    def start(self, prompt_ids: list[int], sampling: SamplingParams, return_probs: bool) -> ModelSequence:
+        return ModelSequence(self.model, prompt_ids, sampling, return_probs)

@@ -1,0 +1,70 @@
+"""The proposer contract: propose k tokens with their probabilities, then learn what was kept.
+
+A proposer makes one `DraftSequence` per live sequence. The verifier talks to it
+in rounds: `update(keep_length, append)` rolls the sequence back to what the
+target accepted and appends the target's token(s); `propose(k)` returns the next
+block. Proposed tokens become part of the draft's sequence until an update
+rolls them back, so a fully accepted block costs nothing to keep.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+
+import torch
+
+from specdec.sampling import SamplingParams
+
+
+class ProposerError(ValueError):
+    """A request the proposer cannot honour; the message says why."""
+
+
+@dataclasses.dataclass
+class Proposal:
+    token_ids: list[int]  # [k'] with k' <= k (n-gram may find fewer)
+    probs: torch.Tensor | None  # [k', V] the draft distribution q; None means one-hot (deterministic)
+
+
+class DraftSequence(abc.ABC):
+    """One sequence's draft state. `tokens` is the prompt, the accepted tokens and the last proposal."""
+
+    def __init__(self, prompt_ids: list[int]):
+        self.tokens: list[int] = []
+        self._extend(list(prompt_ids))
+
+    def update(self, keep_length: int, append_token_ids: list[int]) -> None:
+        """Roll back to keep_length tokens (explicit), then append the target's tokens."""
+        if keep_length > len(self.tokens):
+            raise ProposerError(f"keep_length {keep_length} is past the draft's sequence length {len(self.tokens)}")
+        if keep_length < len(self.tokens):
+            self._truncate(keep_length)
+        if append_token_ids:
+            self._extend(list(append_token_ids))
+
+    @abc.abstractmethod
+    def propose(self, k: int) -> Proposal:
+        """Propose up to k tokens after `tokens`, and append them to it."""
+
+    @abc.abstractmethod
+    def _truncate(self, length: int) -> None:
+        """Drop tokens[length:] and any state derived from them."""
+
+    @abc.abstractmethod
+    def _extend(self, token_ids: list[int]) -> None:
+        """Append tokens (and index or cache them as the proposer needs)."""
+
+    def close(self) -> None:
+        """Free what the sequence holds."""
+
+
+class Proposer(abc.ABC):
+    """Makes DraftSequences. `inline` proposers are cheap enough to run on the event loop."""
+
+    method: str
+    inline: bool = False
+
+    @abc.abstractmethod
+    def start(self, prompt_ids: list[int], sampling: SamplingParams, return_probs: bool) -> DraftSequence:
+        """Open a sequence for the prompt."""

@@ -1,0 +1,113 @@
+"""DraftService: one bidirectional Propose stream per sequence.
+
+The stream's first message opens the sequence; each later message rolls it back
+to what the verifier kept, appends the target's token(s), and asks for the next
+block. The sequence lives exactly as long as its stream, so a caller that goes
+away frees it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+
+import grpc
+
+from draft_service.config import DraftConfig
+from draft_service.proposer import DraftSequence, Proposal, Proposer, ProposerError
+from specdec import metrics
+from specdec.sampling import SamplingParams
+from specdec.v1 import common_pb2, draft_pb2, draft_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+
+def sampling_from_proto(message: common_pb2.SamplingParams) -> SamplingParams:
+    return SamplingParams(
+        temperature=message.temperature,
+        top_p=message.top_p if message.HasField("top_p") else 1.0,
+        top_k=message.top_k,
+        seed=message.seed if message.HasField("seed") else None,
+    )
+
+
+class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
+    def __init__(self, proposer: Proposer, info: common_pb2.ModelInfo, config: DraftConfig):
+        self.proposer = proposer
+        self.info = info
+        self.config = config
+        self.live: dict[int, DraftSequence] = {}
+        self._compute = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="draft-compute")
+
+    async def GetDraftInfo(self, request, context):
+        return draft_pb2.GetDraftInfoResponse(info=self.info, method=self.proposer.method)
+
+    async def Propose(self, request_iterator, context: grpc.aio.ServicerContext):
+        first = await anext(aiter(request_iterator), None)
+        if first is None:
+            return
+        if first.WhichOneof("kind") != "start":
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the first Propose message must be `start`")
+        start = first.start
+        problem = self._check_start(start)
+        if problem:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
+        if len(self.live) >= self.config.max_sequences:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                f"the draft holds {len(self.live)} live sequences, its cap (--max-sequences); retry later")
+        sampling = sampling_from_proto(start.sampling)
+        sequence = await self._run(self.proposer.start, list(start.prompt_token_ids), sampling, start.return_probs)
+        key = id(sequence)
+        self.live[key] = sequence
+        metrics.LIVE_SEQUENCES.set(len(self.live))
+        try:
+            async for request in request_iterator:
+                if request.WhichOneof("kind") != "next":
+                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "after `start`, send only `next` messages")
+                yield await self._next_block(sequence, request.next, context)
+        finally:
+            del self.live[key]
+            metrics.LIVE_SEQUENCES.set(len(self.live))
+            sequence.close()
+
+    async def _next_block(self, sequence: DraftSequence, block: draft_pb2.NextBlock, context):
+        if block.num_tokens > self.config.max_speculative_tokens:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"num_tokens {block.num_tokens} exceeds --max-speculative-tokens "
+                                f"{self.config.max_speculative_tokens}")
+        if any(t < 0 or t >= self.info.vocab_size for t in block.append_token_ids):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"append_token_ids must be in [0, {self.info.vocab_size})")
+        if self.config.inject_delay_ms:
+            await asyncio.sleep(self.config.inject_delay_ms / 1000)
+        try:
+            proposal = await self._run(self._step, sequence, block)
+        except ProposerError as exc:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+        metrics.DRAFT_TOKENS_PROPOSED.inc(len(proposal.token_ids))
+        probs = b"" if proposal.probs is None else proposal.probs.numpy().astype("<f4", copy=False).tobytes()
+        return draft_pb2.ProposeResponse(
+            token_ids=proposal.token_ids, probs=probs, sequence_length=len(sequence.tokens)
+        )
+
+    @staticmethod
+    def _step(sequence: DraftSequence, block: draft_pb2.NextBlock):
+        sequence.update(block.keep_length, list(block.append_token_ids))
+        return sequence.propose(block.num_tokens) if block.num_tokens else Proposal([], None)
+
+    async def _run(self, fn, *args):
+        """Cheap proposers run on the event loop; model proposers on the compute thread."""
+        if self.proposer.inline:
+            return fn(*args)
+        return await asyncio.get_running_loop().run_in_executor(self._compute, fn, *args)
+
+    def _check_start(self, start: draft_pb2.StartSequence) -> str | None:
+        if not start.prompt_token_ids:
+            return "start.prompt_token_ids must not be empty"
+        bad = [t for t in start.prompt_token_ids if t < 0 or t >= self.info.vocab_size]
+        if bad:
+            return f"start.prompt_token_ids has ids outside the vocabulary [0, {self.info.vocab_size}): {bad[:5]}"
+        problems = sampling_from_proto(start.sampling).problems()
+        return "start.sampling: " + "; ".join(problems) if problems else None
+

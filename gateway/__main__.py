@@ -1,0 +1,101 @@
+"""python -m gateway: serve the public API (specdec.v1.Gateway)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+
+from gateway.auth import ApiKeyInterceptor, parse_keys
+from gateway.config import GatewayConfig
+from gateway.server import GatewayServicer
+from gateway.validation import ModelLimits
+from specdec import config as specdec_config
+from specdec import grpc_server, metrics, models, telemetry
+from specdec.v1 import draft_pb2, draft_pb2_grpc, gateway_pb2, gateway_pb2_grpc, verifier_pb2, verifier_pb2_grpc
+
+log = logging.getLogger("gateway")
+DEFAULTS = {"port": 50051, "metrics_port": 9101}
+
+
+class PeerError(RuntimeError):
+    """A peer is unreachable or incompatible at start-up; the message says which and why."""
+
+
+async def check_peers(cfg: GatewayConfig, channel, server_cfg, tokenizer_info):
+    """Ask the verifier (and the draft) who they are; refuse tokenizers that differ."""
+    import grpc
+
+    stub = verifier_pb2_grpc.VerifierServiceStub(channel)
+    try:
+        reply = await stub.GetModelInfo(verifier_pb2.GetModelInfoRequest(), timeout=cfg.peer_wait_s,
+                                        wait_for_ready=True)
+    except grpc.aio.AioRpcError as exc:
+        raise PeerError(f"the verifier at {cfg.verifier} did not answer within {cfg.peer_wait_s:.0f} s "
+                        f"({exc.code().name}); start it first or fix --verifier") from exc
+    target = reply.info
+    problem = models.tokenizer_mismatch(target, tokenizer_info)
+    if problem:
+        raise PeerError(f"the gateway's --model tokenizer differs from the verifier's: {problem}")
+    if cfg.draft:
+        draft_channel = grpc_server.open_channel(cfg.draft, server_cfg)
+        try:
+            draft = await draft_pb2_grpc.DraftServiceStub(draft_channel).GetDraftInfo(
+                draft_pb2.GetDraftInfoRequest(), timeout=cfg.peer_wait_s, wait_for_ready=True)
+        except grpc.aio.AioRpcError as exc:
+            log.warning("the draft at %s did not answer (%s); the verifier decodes without it until it does",
+                        cfg.draft, exc.code().name)
+        else:
+            problem = models.tokenizer_mismatch(target, draft.info)
+            if problem:
+                raise PeerError(problem)
+            log.info("draft at %s (%s) shares the target's tokenizer", cfg.draft, draft.method)
+        finally:
+            await draft_channel.close()
+    return target
+
+
+async def serve(server_cfg: specdec_config.ServerConfig, cfg: GatewayConfig) -> None:
+    if not cfg.model:
+        raise models.ModelLoadError("--model is required: the target model's directory (for its tokenizer)")
+    tokenizer = models.load_tokenizer(cfg.model)
+    channel = grpc_server.open_channel(cfg.verifier, server_cfg)
+    target = await check_peers(cfg, channel, server_cfg, models.describe(cfg.model, tokenizer))
+    max_context = target.max_context if not cfg.max_prompt_tokens else min(target.max_context, cfg.max_prompt_tokens)
+    servicer = GatewayServicer(tokenizer, verifier_pb2_grpc.VerifierServiceStub(channel),
+                               ModelLimits(target.vocab_size, max_context), cfg)
+    keys = parse_keys(cfg.api_keys)
+    running = await grpc_server.start_server(
+        server_cfg,
+        lambda server: gateway_pb2_grpc.add_GatewayServicer_to_server(servicer, server),
+        [gateway_pb2.DESCRIPTOR.services_by_name["Gateway"].full_name],
+        interceptors=[ApiKeyInterceptor(keys)] if keys else [],
+    )
+    metrics_port = metrics.serve(server_cfg.metrics_port)
+    log.info("gateway serving on port %d (verifier %s, auth %s); metrics on %s", running.port, cfg.verifier,
+             "on" if keys else "off", metrics_port)
+    await grpc_server.wait_for_signal()
+    log.info("shutting down: NOT_SERVING, draining for up to %.0f s", server_cfg.grace_s)
+    await running.stop(server_cfg.grace_s)
+    await channel.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    server_cfg, cfg = specdec_config.parse(
+        [specdec_config.ServerConfig, GatewayConfig], "Gateway: the public specdec.v1.Gateway API.", argv,
+        defaults=DEFAULTS, prog="python -m gateway",
+    )
+    grpc_server.setup_logging(server_cfg.log_level)
+    provider = telemetry.setup_tracing("specdec-gateway")
+    try:
+        asyncio.run(serve(server_cfg, cfg))
+    except (models.ModelLoadError, grpc_server.ConfigError, PeerError) as exc:
+        log.error("%s", exc)
+        return 2
+    finally:
+        provider.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

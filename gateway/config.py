@@ -1,0 +1,23 @@
+"""Gateway settings."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from specdec.config import option
+
+
+@dataclasses.dataclass(frozen=True)
+class GatewayConfig:
+    """Gateway"""
+
+    model: str = option("", "tokenizer directory: the target model's")
+    verifier: str = option("localhost:50052", "verifier service HOST:PORT")
+    draft: str = option("", "draft service HOST:PORT, checked at start-up for tokenizer compatibility")
+    num_speculative_tokens: int = option(-1, "default k for requests that leave it unset (-1: the verifier's default)")
+    default_max_tokens: int = option(256, "max_tokens for requests that leave it unset")
+    max_prompt_tokens: int = option(0, "longest prompt accepted (0: the model's context)")
+    peer_wait_s: float = option(60.0, "at start-up, wait this long for the verifier to answer")
+    request_timeout_s: float = option(600.0, "deadline of one request to the verifier")
+    api_keys: str = option("", "comma-separated API keys; when set, calls need `authorization: Bearer KEY`")
+    trace_prompts: bool = option(False, "record prompt text in spans (off: prompts stay out of traces)")

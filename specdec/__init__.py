@@ -1,0 +1,1 @@
+"""Shared code of the specdec services: wire types, sampling, tokenizers, telemetry, config."""

@@ -1,0 +1,130 @@
+"""Start a gRPC aio server with health, reflection, tracing and TLS; stop it gracefully.
+
+Every service serves grpc.health.v1 and server reflection. Shutdown follows the
+gRPC examples: health NOT_SERVING first, then drain in-flight calls, then stop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import pathlib
+import signal
+import typing
+
+import grpc
+from grpc_health.v1 import _async as health_async
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from specdec import telemetry
+from specdec.config import ServerConfig
+
+log = logging.getLogger(__name__)
+
+
+class ConfigError(ValueError):
+    """A configuration problem a person can fix; its message says how."""
+
+
+def _read(path: str, what: str) -> bytes:
+    try:
+        return pathlib.Path(path).read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"cannot read {what} {path!r}: {exc.strerror}") from exc
+
+
+def message_options(config: ServerConfig) -> list[tuple[str, int]]:
+    limit = config.max_message_mb * 1024 * 1024
+    return [("grpc.max_receive_message_length", limit), ("grpc.max_send_message_length", limit)]
+
+
+def server_credentials(config: ServerConfig) -> grpc.ServerCredentials | None:
+    """TLS when a certificate and key are set; mutual TLS when a CA is set too."""
+    if not (config.tls_cert or config.tls_key):
+        return None
+    if not (config.tls_cert and config.tls_key):
+        raise ConfigError("TLS needs both --tls-cert and --tls-key")
+    ca = _read(config.tls_ca, "--tls-ca") if config.tls_ca else None
+    return grpc.ssl_server_credentials(
+        [(_read(config.tls_key, "--tls-key"), _read(config.tls_cert, "--tls-cert"))],
+        root_certificates=ca,
+        require_client_auth=ca is not None,
+    )
+
+
+def channel_credentials(config: ServerConfig) -> grpc.ChannelCredentials | None:
+    """For calls to peers: TLS when a CA is set, presenting our own certificate (mTLS) if we have one."""
+    if not config.tls_ca:
+        return None
+    cert = _read(config.tls_cert, "--tls-cert") if config.tls_cert else None
+    key = _read(config.tls_key, "--tls-key") if config.tls_key else None
+    return grpc.ssl_channel_credentials(_read(config.tls_ca, "--tls-ca"), key, cert)
+
+
+def open_channel(target: str, config: ServerConfig) -> grpc.aio.Channel:
+    """A traced aio channel to a peer, over TLS when configured."""
+    options = message_options(config) + [("grpc.enable_retries", 1), ("grpc.keepalive_time_ms", 30_000)]
+    credentials = channel_credentials(config)
+    interceptors = telemetry.client_interceptors()
+    if credentials is None:
+        return grpc.aio.insecure_channel(target, options=options, interceptors=interceptors)
+    return grpc.aio.secure_channel(target, credentials, options=options, interceptors=interceptors)
+
+
+@dataclasses.dataclass
+class RunningServer:
+    server: grpc.aio.Server
+    port: int
+    health: health_async.HealthServicer
+    service_names: list[str]
+
+    async def set_serving(self, serving: bool) -> None:
+        status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+        for name in ["", *self.service_names]:
+            await self.health.set(name, status)
+
+    async def stop(self, grace_s: float) -> None:
+        await self.health.enter_graceful_shutdown()
+        await self.server.stop(grace_s)
+
+
+async def start_server(
+    config: ServerConfig,
+    register: typing.Callable[[grpc.aio.Server], None],
+    service_names: list[str],
+    interceptors: typing.Sequence[grpc.aio.ServerInterceptor] = (),
+) -> RunningServer:
+    """Bind, register the services plus health and reflection, start, and report SERVING."""
+    server = grpc.aio.server(
+        interceptors=[*telemetry.server_interceptors(), *interceptors], options=message_options(config)
+    )
+    register(server)
+    health = health_async.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health, server)
+    reflection.enable_server_reflection([*service_names, reflection.SERVICE_NAME, "grpc.health.v1.Health"], server)
+    address = f"{config.host}:{config.port}"
+    credentials = server_credentials(config)
+    try:
+        port = server.add_secure_port(address, credentials) if credentials else server.add_insecure_port(address)
+    except RuntimeError as exc:
+        raise ConfigError(f"cannot listen on {address}: {exc}; is the port already in use?") from exc
+    await server.start()
+    running = RunningServer(server, port, health, service_names)
+    await running.set_serving(True)
+    return running
+
+
+async def wait_for_signal() -> None:
+    """Return on SIGINT or SIGTERM."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+
+
+def setup_logging(level: str) -> None:
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)

@@ -1,0 +1,55 @@
+"""Prometheus metrics, with vLLM's spec-decode counter names.
+
+Each service exposes the ones it can count on `--metrics-port`. The
+spec_decode_* counters follow vLLM's convention (vllm/v1/spec_decode/metrics.py):
+accepted tokens exclude the bonus token; per-position counts are labelled by
+draft position.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram, start_http_server
+
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+
+NUM_DRAFTS = Counter("spec_decode_num_drafts", "Verifier rounds that scored a non-empty draft block")
+NUM_DRAFT_TOKENS = Counter("spec_decode_num_draft_tokens", "Draft tokens scored by the verifier")
+NUM_ACCEPTED_TOKENS = Counter("spec_decode_num_accepted_tokens", "Draft tokens accepted by the verifier")
+ACCEPTED_PER_POS = Counter(
+    "spec_decode_num_accepted_tokens_per_pos", "Accepted draft tokens by draft position", ["position"]
+)
+DRAFT_TOKENS_PROPOSED = Counter("specdec_draft_tokens_proposed", "Tokens the draft service proposed")
+FALLBACK_ROUNDS = Counter("specdec_fallback_rounds", "Rounds decoded without speculation", ["reason"])
+REQUESTS = Counter("specdec_requests", "Finished requests", ["finish_reason"])
+GENERATED_TOKENS = Counter("specdec_generated_tokens", "Tokens generated")
+LIVE_SEQUENCES = Gauge("specdec_live_sequences", "Sequences holding state (KV cache) in this process")
+CACHE_TOKENS = Gauge("specdec_cache_tokens", "Tokens held in KV caches in this process")
+TIME_TO_FIRST_TOKEN = Histogram("specdec_time_to_first_token_seconds", "Time to first token", buckets=LATENCY_BUCKETS)
+INTER_TOKEN_LATENCY = Histogram(
+    "specdec_inter_token_latency_seconds", "Time between streamed tokens", buckets=LATENCY_BUCKETS
+)
+VERIFY_FORWARD_TIME = Histogram(
+    "specdec_verify_forward_seconds", "Target forward pass time per verify round", buckets=LATENCY_BUCKETS
+)
+DRAFT_WAIT_TIME = Histogram(
+    "specdec_draft_wait_seconds", "Time a verify round waited for its draft block", buckets=LATENCY_BUCKETS
+)
+
+
+def record_round(num_draft_tokens: int, num_accepted: int) -> None:
+    """Count one verified round the way vLLM does."""
+    if num_draft_tokens == 0:
+        return
+    NUM_DRAFTS.inc()
+    NUM_DRAFT_TOKENS.inc(num_draft_tokens)
+    NUM_ACCEPTED_TOKENS.inc(num_accepted)
+    for position in range(num_accepted):
+        ACCEPTED_PER_POS.labels(position=str(position)).inc()
+
+
+def serve(port: int) -> int | None:
+    """Start the /metrics HTTP endpoint; -1 turns it off. Returns the port."""
+    if port < 0:
+        return None
+    server, _thread = start_http_server(port)
+    return server.server_port

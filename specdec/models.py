@@ -1,0 +1,108 @@
+"""Load models and tokenizers from a local directory (or a hub id), and describe them."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+
+import torch
+
+from specdec.v1 import common_pb2
+
+log = logging.getLogger(__name__)
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class ModelLoadError(RuntimeError):
+    """The model or tokenizer could not be loaded; the message says why and what to do."""
+
+
+def load_tokenizer(path: str):
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(
+            f"cannot load a tokenizer from {path!r}: {exc}. Pass --model a local model directory "
+            "(run `make model` for the default SmolLM2-135M-Instruct)."
+        ) from exc
+
+
+def load_causal_lm(path: str, device: str = "cpu", dtype: str = "float32"):
+    from transformers import AutoModelForCausalLM
+
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ModelLoadError(f"--device {device} was asked for, but torch sees no CUDA device; use --device cpu")
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype])
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(
+            f"cannot load a causal LM from {path!r}: {exc}. Pass --model a local model directory "
+            "(run `make model` for the default SmolLM2-135M-Instruct)."
+        ) from exc
+    return model.to(device).eval()
+
+
+def eos_token_ids(tokenizer, model=None) -> list[int]:
+    """Every id that ends a sequence: the tokenizer's and the generation config's."""
+    ids = set()
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    configured = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if isinstance(configured, int):
+        ids.add(configured)
+    elif configured:
+        ids.update(int(i) for i in configured)
+    return sorted(ids)
+
+
+def tokenizer_fingerprint(tokenizer) -> str:
+    """A hash of what decides token ids: the vocabulary, merges and special tokens."""
+    digest = hashlib.sha256()
+    digest.update(json.dumps(sorted(tokenizer.get_vocab().items()), ensure_ascii=False).encode())
+    digest.update(json.dumps(sorted(map(str, tokenizer.all_special_tokens))).encode())
+    backend = getattr(tokenizer, "backend_tokenizer", None) or getattr(tokenizer, "_tokenizer", None)
+    if backend is not None:
+        model_state = json.loads(backend.to_str()).get("model", {})
+        digest.update(json.dumps(model_state.get("merges", []), ensure_ascii=False).encode())
+    return digest.hexdigest()[:16]
+
+
+def max_context(model) -> int:
+    return int(getattr(model.config, "max_position_embeddings", 0) or 2048)
+
+
+def describe(name: str, tokenizer, model=None) -> common_pb2.ModelInfo:
+    """The ModelInfo message for a tokenizer and (optionally) its model."""
+    vocab_size = int(model.config.vocab_size) if model is not None else len(tokenizer)
+    return common_pb2.ModelInfo(
+        model=name,
+        vocab_size=vocab_size,
+        max_context=max_context(model) if model is not None else 0,
+        eos_token_ids=eos_token_ids(tokenizer, model),
+        tokenizer_fingerprint=tokenizer_fingerprint(tokenizer),
+        tokenizer_class=type(tokenizer).__name__,
+        tokenizer_vocab_size=len(tokenizer),
+        num_parameters=sum(p.numel() for p in model.parameters()) if model is not None else 0,
+    )
+
+
+def tokenizer_mismatch(target: common_pb2.ModelInfo, draft: common_pb2.ModelInfo) -> str | None:
+    """None when the draft may pair with the target, else what differs, in words."""
+    if target.tokenizer_fingerprint == draft.tokenizer_fingerprint:
+        return None
+    differences = [f"fingerprint {draft.tokenizer_fingerprint} != {target.tokenizer_fingerprint}"]
+    if target.tokenizer_vocab_size != draft.tokenizer_vocab_size:
+        differences.append(f"vocabulary size {draft.tokenizer_vocab_size} != {target.tokenizer_vocab_size}")
+    if target.tokenizer_class != draft.tokenizer_class:
+        differences.append(f"class {draft.tokenizer_class} != {target.tokenizer_class}")
+    if list(target.eos_token_ids) != list(draft.eos_token_ids):
+        differences.append(f"EOS ids {list(draft.eos_token_ids)} != {list(target.eos_token_ids)}")
+    return (
+        f"the draft ({draft.model}) does not share the target's tokenizer ({target.model}): "
+        + "; ".join(differences)
+        + ". Speculative decoding needs one tokenizer: pick a draft from the target's model family."
+    )

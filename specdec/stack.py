@@ -1,0 +1,116 @@
+"""Run the three services as real child processes: for `make run`, the benchmark and end-to-end tests.
+
+Each service gets a port (free ones by default), a log file, and is waited on
+until grpc.health.v1 says SERVING. Stopping sends SIGTERM, which each service
+answers with health NOT_SERVING, a drain of in-flight calls, then exit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pathlib
+import socket
+import subprocess
+import sys
+import time
+REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_serving(address: str, timeout_s: float = 60.0, process: subprocess.Popen | None = None,
+                 credentials=None) -> None:
+    """Block until grpc.health.v1 says SERVING, or raise with the process's exit status."""
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    deadline = time.monotonic() + timeout_s
+    channel = grpc.secure_channel(address, credentials) if credentials else grpc.insecure_channel(address)
+    stub = health_pb2_grpc.HealthStub(channel)
+    try:
+        while time.monotonic() < deadline:
+            if process is not None and process.poll() is not None:
+                raise RuntimeError(f"{process.args[2]} exited with {process.returncode} before serving")
+            try:
+                reply = stub.Check(health_pb2.HealthCheckRequest(), timeout=1.0)
+                if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+            except grpc.RpcError:
+                pass
+            time.sleep(0.1)
+        raise TimeoutError(f"{address} was not SERVING within {timeout_s} s")
+    finally:
+        channel.close()
+
+
+class Service:
+    """One service as a real child process on a free port."""
+
+    def __init__(self, module: str, args: list[str], env: dict | None = None, log_dir: pathlib.Path | None = None,
+                 port: int = 0, metrics_port: int = 0):
+        self.module = module
+        self.port = port or free_port()
+        self.metrics_port = metrics_port or free_port()
+        self.address = f"127.0.0.1:{self.port}"
+        self.log_path = (log_dir or pathlib.Path(os.environ.get("TMPDIR", "/tmp"))) / f"{module}-{self.port}.log"
+        full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO_ROOT), **(env or {})}
+        self._log = open(self.log_path, "w")  # noqa: SIM115 (closed in stop)
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", module, "--host", "127.0.0.1", "--port", str(self.port),
+             "--metrics-port", str(self.metrics_port), *args],
+            cwd=REPO_ROOT, env=full_env, stdout=self._log, stderr=subprocess.STDOUT,
+        )
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self, timeout_s: float = 10.0) -> int | None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self._log.close()
+        return self.process.returncode
+
+    def kill(self) -> None:
+        self.process.kill()
+        self.process.wait()
+
+
+@contextlib.contextmanager
+def running_stack(target_dir, draft_dir=None, method: str = "ngram", verifier_args=(), draft_args=(), gateway_args=(),
+                  env: dict | None = None, log_dir=None, timeout_s: float = 120.0, ports: dict | None = None):
+    """Start draft, verifier and gateway as real processes; yield them as a dict; stop them after.
+
+    ports: optional {"draft": (grpc, metrics), "verifier": (...), "gateway": (...)}; free ports otherwise.
+    """
+    services = {}
+    ports = ports or {}
+    try:
+        draft_model = str(draft_dir if method == "model" else target_dir)
+        services["draft"] = Service("draft_service", ["--model", draft_model, "--method", method, *draft_args],
+                                    env, log_dir, *ports.get("draft", (0, 0)))
+        services["verifier"] = Service(
+            "verifier_service", ["--model", str(target_dir), "--draft", services["draft"].address, *verifier_args],
+            env, log_dir, *ports.get("verifier", (0, 0)))
+        services["gateway"] = Service(
+            "gateway", ["--model", str(target_dir), "--verifier", services["verifier"].address,
+                        "--draft", services["draft"].address, *gateway_args], env, log_dir,
+            *ports.get("gateway", (0, 0)))
+        for service in services.values():
+            try:
+                wait_serving(service.address, timeout_s, service.process)
+            except (RuntimeError, TimeoutError) as exc:
+                raise RuntimeError(f"{exc}\n--- {service.module} log ---\n{service.log()[-3000:]}") from exc
+        yield services
+    finally:
+        for service in reversed(list(services.values())):
+            service.stop()

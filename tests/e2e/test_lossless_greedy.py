@@ -1,0 +1,51 @@
+"""Greedy output through the three running services equals model.generate(do_sample=False), token for token."""
+
+import pytest
+import torch
+
+from specdec.models import load_causal_lm, load_tokenizer
+from specdec.v1 import gateway_pb2
+
+pytestmark = pytest.mark.slow
+
+PROMPTS = [
+    "The quick brown fox", '{"name": "Ada", "age": 36}', "SELECT id FROM users", "def add(a, b):",
+    "Speculative decoding", "café", "東京", "for i in range(10):", "Hello, world!", "a", "zzzz",
+    '{"tags": ["math", "code"]} -> {"tags": [', "return a + b", "ORDER BY name;", "🙂🙂🙂", "The lazy dog",
+    "SELECT id, name FROM users WHERE age > 30 ORDER BY", "print(i * i)", "naïve", "emoji and more",
+    "1 2 3 4 5 6 7 8", "The The The The", "over the", "jumps", "verifies them in one pass", "def f(x):\n    return",
+    '"age": 36, "age": 36, "age":', "WHERE WHERE", "Ünïcödé", "tokens and verifies",
+]
+MAX_TOKENS = 24
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_pair):
+    """Target-only greedy continuations, computed in this process."""
+    tokenizer = load_tokenizer(str(tiny_pair[0]))
+    model = load_causal_lm(str(tiny_pair[0]))
+    eos = tokenizer.eos_token_id
+    expected = {}
+    for prompt in PROMPTS:
+        ids = tokenizer.encode(prompt, add_special_tokens=False)
+        with torch.inference_mode():
+            out = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                                 max_new_tokens=MAX_TOKENS, do_sample=False, eos_token_id=eos, pad_token_id=eos)
+        tokens = out[0, len(ids):].tolist()
+        expected[prompt] = tokens[: tokens.index(eos) + 1] if eos in tokens else tokens
+    return expected
+
+
+@pytest.mark.parametrize("k", [1, 4, 8])
+def test_greedy_output_is_token_identical_to_target_only_decoding(stack, reference, k):
+    method, _services, gateway = stack
+    mismatches, accepted = [], 0
+    for prompt in PROMPTS:
+        response = gateway.Generate(gateway_pb2.GenerateRequest(
+            prompt=prompt, max_tokens=MAX_TOKENS, temperature=0.0, num_speculative_tokens=k))
+        accepted += response.speculation.num_accepted_tokens
+        if list(response.token_ids) != reference[prompt]:
+            mismatches.append((prompt, list(response.token_ids), reference[prompt]))
+    assert not mismatches, f"{method} k={k}: {len(mismatches)} prompts differ, first: {mismatches[0]}"
+    if method == "model":
+        assert accepted > 0, "the model draft should be accepted sometimes"

@@ -1,0 +1,44 @@
+"""The transformers engine: scoring, commit and rollback against fresh forward passes."""
+
+import pytest
+import torch
+
+from specdec.models import load_causal_lm
+from verifier_service.engine import TransformersEngine
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_pair):
+    return TransformersEngine(load_causal_lm(str(tiny_pair[0])))
+
+
+def fresh_logits(model, tokens):
+    with torch.inference_mode():
+        return model(input_ids=torch.tensor([tokens])).logits[0, -1].float()  # [V]
+
+
+def test_score_gives_one_row_per_draft_plus_bonus(engine):
+    state = engine.start([5, 6, 7])
+    logits = engine.score(state, [8, 9, 10])
+    assert logits.shape == (4, engine.vocab_size)
+    torch.testing.assert_close(logits[0], fresh_logits(engine.model, [5, 6, 7]), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(logits[3], fresh_logits(engine.model, [5, 6, 7, 8, 9, 10]), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("num_accepted", [0, 1, 3])
+def test_rollback_after_rejection_matches_a_fresh_forward_pass(engine, num_accepted):
+    state = engine.start([5, 6, 7, 11])
+    draft = [8, 9, 10]
+    engine.score(state, draft)
+    emitted = draft[:num_accepted] + [42]  # the correction (or bonus) token
+    engine.commit(state, num_accepted, emitted)
+    assert state.cached_length == len(state.tokens) - 1 == state.cache.get_seq_length()
+    # the next round's first row must equal a fresh pass over the accepted sequence
+    after = engine.score(state, [])
+    torch.testing.assert_close(after[0], fresh_logits(engine.model, state.tokens), rtol=1e-4, atol=1e-4)
+
+
+def test_one_token_prompt_needs_no_prefill(engine):
+    state = engine.start([3])
+    assert state.cached_length == 0
+    torch.testing.assert_close(engine.score(state, [])[0], fresh_logits(engine.model, [3]), rtol=1e-4, atol=1e-4)

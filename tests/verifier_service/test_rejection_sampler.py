@@ -1,0 +1,121 @@
+"""The accept/reject rules, as token lists, and their output distribution."""
+
+import pytest
+import torch
+
+from specdec.sampling import SamplingParams, make_generator, probs_from_logits, sample
+from verifier_service.rejection_sampler import Verdict, greedy_verify, rejection_sample
+
+# ---- greedy: token lists --------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "spec_tokens, target_argmax, expected_emitted",
+    [
+        ([1, 2, 3], [1, 2, 3, 4], [1, 2, 3, 4]),  # all accepted, plus the bonus token
+        ([1, 2, 3], [1, 5, 3, 4], [1, 5]),  # rejected at position 1: the target's token replaces it
+        ([1, 2, 3], [7, 2, 3, 4], [7]),  # rejected at once: one target token
+        ([], [9], [9]),  # no draft: plain decoding
+        ([4], [4, 4], [4, 4]),
+    ],
+)
+def test_greedy_verify_token_lists(spec_tokens, target_argmax, expected_emitted):
+    verdict = greedy_verify(spec_tokens, target_argmax)
+    assert verdict.emitted(spec_tokens) == expected_emitted
+    assert verdict.num_accepted == len(expected_emitted) - 1
+
+
+# ---- sampling: token lists with certain outcomes -------------------------------------
+
+
+def one_hot_rows(ids, vocab=6):
+    return torch.nn.functional.one_hot(torch.tensor(ids), vocab).float()
+
+
+def test_rejection_sample_accepts_tokens_the_target_is_sure_of():
+    target = one_hot_rows([1, 2, 3, 4])  # p is certain of 1, 2, 3, then 4
+    verdict = rejection_sample([1, 2, 3], one_hot_rows([1, 2, 3]), target, make_generator(0))
+    assert verdict == Verdict(3, 4)
+
+
+def test_rejection_sample_rejects_a_token_the_target_never_emits():
+    target = one_hot_rows([1, 5, 3, 4])
+    verdict = rejection_sample([1, 2, 3], None, target, make_generator(0))  # one-hot q (n-gram)
+    assert verdict.emitted([1, 2, 3]) == [1, 5]
+
+
+def test_rejection_sample_with_no_draft_samples_the_bonus_distribution():
+    verdict = rejection_sample([], None, one_hot_rows([3]), make_generator(0))
+    assert verdict == Verdict(0, 3)
+
+
+def test_residual_never_repeats_the_rejected_token():
+    target = torch.tensor([[0.5, 0.5, 0.0, 0.0], [0.25, 0.25, 0.25, 0.25]])
+    for seed in range(200):
+        verdict = rejection_sample([0], None, target, make_generator(seed))
+        if verdict.num_accepted == 0:
+            assert verdict.next_token == 1  # max(0, p - onehot(0)) leaves only token 1
+
+
+# ---- sampling: the output distribution is the target's ------------------------------
+
+VOCAB = 8
+SAMPLES = 12_000
+
+
+def wrong_rejection_sample(draft_token_ids, draft_probs, target_probs, generator):
+    """A deliberately wrong sampler: on rejection it draws from p, skipping the residual."""
+    verdict = rejection_sample(draft_token_ids, draft_probs, target_probs, generator)
+    if verdict.num_accepted < len(draft_token_ids):
+        return Verdict(verdict.num_accepted, sample(target_probs[verdict.num_accepted], generator))
+    return verdict
+
+
+def first_token_histogram(sampler, p, q, params, samples=SAMPLES, seed=1234):
+    """Histogram of the first emitted token when the draft proposes from q."""
+    generator = make_generator(seed)
+    counts = torch.zeros(VOCAB)
+    for _ in range(samples):
+        drafted = sample(q[0], generator)
+        verdict = sampler([drafted], q, p, generator)
+        counts[verdict.emitted([drafted])[0]] += 1
+    return counts
+
+
+def chi_square_p_value(counts, probs):
+    """Pearson chi-square goodness-of-fit p-value over the support of probs."""
+    from scipy.stats import chisquare  # noqa: PLC0415  (heavy import, only here)
+
+    support = probs > 0
+    if (counts[~support] > 0).any():
+        return 0.0  # a token outside the target's support: certainly wrong
+    expected = probs[support] * counts.sum()
+    return float(chisquare(counts[support].numpy(), expected.numpy()).pvalue)
+
+
+SETTINGS = {
+    "T=1.0": SamplingParams(temperature=1.0),
+    "T=0.7 top_p=0.9": SamplingParams(temperature=0.7, top_p=0.9),
+    "top_k=5": SamplingParams(temperature=1.0, top_k=5),
+}
+
+
+def shaped(params, seed):
+    torch.manual_seed(seed)
+    target_logits = torch.randn(2, VOCAB) * 1.5  # [k + 1, V] with k = 1
+    draft_logits = target_logits + torch.randn(2, VOCAB) * 1.5  # a draft that often disagrees
+    return probs_from_logits(target_logits, params), probs_from_logits(draft_logits[:1], params)
+
+
+@pytest.mark.parametrize("name", SETTINGS)
+def test_speculative_sampling_matches_the_target_distribution(name):
+    p, q = shaped(SETTINGS[name], seed=7)
+    counts = first_token_histogram(rejection_sample, p, q, SETTINGS[name])
+    assert chi_square_p_value(counts, p[0]) > 1e-3
+
+
+@pytest.mark.parametrize("name", SETTINGS)
+def test_a_sampler_that_skips_the_residual_fails_the_same_test(name):
+    p, q = shaped(SETTINGS[name], seed=7)
+    counts = first_token_histogram(wrong_rejection_sample, p, q, SETTINGS[name])
+    assert chi_square_p_value(counts, p[0]) < 1e-6

@@ -1,0 +1,79 @@
+"""python -m verifier_service: serve the target model over gRPC (specdec.v1.VerifierService)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+
+import torch
+
+from specdec import config as specdec_config
+from specdec import grpc_server, metrics, models, telemetry
+from specdec.v1 import verifier_pb2, verifier_pb2_grpc
+from verifier_service.config import VerifierConfig
+from verifier_service.draft_client import DraftIncompatible, DraftLink, DraftUnavailable
+from verifier_service.engine import TransformersEngine
+from verifier_service.server import VerifierServicer
+
+log = logging.getLogger("verifier_service")
+DEFAULTS = {"port": 50052, "metrics_port": 9102}
+
+
+def build_engine(cfg: VerifierConfig):
+    if cfg.engine == "vllm":
+        raise grpc_server.ConfigError("--engine vllm is not available in this build; use --engine transformers")
+    log.info("loading target model %s (%s, %s)", cfg.model, cfg.device, cfg.dtype)
+    model = models.load_causal_lm(cfg.model, cfg.device, cfg.dtype)
+    return TransformersEngine(model, cfg.device), model
+
+
+async def serve(server_cfg: specdec_config.ServerConfig, cfg: VerifierConfig) -> None:
+    if not cfg.model:
+        raise models.ModelLoadError("--model is required (run `make model` for the default SmolLM2-135M-Instruct)")
+    tokenizer = models.load_tokenizer(cfg.model)
+    engine, model = build_engine(cfg)
+    info = models.describe(cfg.model, tokenizer, model)
+    draft = None
+    if cfg.draft:
+        draft = DraftLink(cfg.draft, server_cfg, info, cfg.draft_timeout_ms / 1000)
+        try:
+            await draft.check_compatible(wait_s=cfg.draft_wait_s)
+            log.info("draft at %s (%s) shares the target's tokenizer", cfg.draft, draft.method)
+        except DraftUnavailable as exc:
+            log.warning("draft not reachable yet (%s); decoding without it until it is", exc)
+    servicer = VerifierServicer(engine, tokenizer, info, cfg, draft)
+    running = await grpc_server.start_server(
+        server_cfg,
+        lambda server: verifier_pb2_grpc.add_VerifierServiceServicer_to_server(servicer, server),
+        [verifier_pb2.DESCRIPTOR.services_by_name["VerifierService"].full_name],
+    )
+    metrics_port = metrics.serve(server_cfg.metrics_port)
+    log.info("verifier serving %s on port %d; metrics on %s", cfg.model, running.port, metrics_port)
+    await grpc_server.wait_for_signal()
+    log.info("shutting down: NOT_SERVING, draining for up to %.0f s", server_cfg.grace_s)
+    await running.stop(server_cfg.grace_s)
+
+
+def main(argv: list[str] | None = None) -> int:
+    server_cfg, cfg = specdec_config.parse(
+        [specdec_config.ServerConfig, VerifierConfig], "Verifier service: the target model and the rounds.", argv,
+        defaults=DEFAULTS, prog="python -m verifier_service",
+    )
+    grpc_server.setup_logging(server_cfg.log_level)
+    torch.set_grad_enabled(False)
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    provider = telemetry.setup_tracing("specdec-verifier")
+    try:
+        asyncio.run(serve(server_cfg, cfg))
+    except (models.ModelLoadError, grpc_server.ConfigError, DraftIncompatible) as exc:
+        log.error("%s", exc)
+        return 2
+    finally:
+        provider.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

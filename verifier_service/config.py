@@ -1,0 +1,27 @@
+"""Verifier service settings."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from specdec.config import option
+
+
+@dataclasses.dataclass(frozen=True)
+class VerifierConfig:
+    """Target model and speculation"""
+
+    model: str = option("", "target model: a local directory (or a hub id where a hub is reachable)")
+    device: str = option("cpu", "torch device", choices=["cpu", "cuda"])
+    dtype: str = option("float32", "target dtype (equality with plain greedy is exact in float32)",
+                        choices=["float32", "bfloat16", "float16"])
+    engine: str = option("transformers", "verifier engine", choices=["transformers", "vllm"])
+    draft: str = option("", "draft service HOST:PORT; empty decodes without speculation")
+    num_speculative_tokens: int = option(4, "default block length k when a request leaves it unset")
+    max_speculative_tokens: int = option(16, "largest k a request may ask for")
+    draft_timeout_ms: float = option(1000.0, "a round waits this long for its draft block, then decodes without it")
+    draft_wait_s: float = option(30.0, "at start-up, wait this long for the draft to check its tokenizer")
+    max_sequences: int = option(64, "live sequences at most; more get RESOURCE_EXHAUSTED")
+    max_cache_tokens: int = option(262144, "tokens (prompt + max_tokens, reserved) in all KV caches at most")
+    sequence_ttl_s: float = option(300.0, "a sequence idle this long is dropped and its cache freed")
+    threads: int = option(0, "torch CPU threads (0 keeps torch's default)")

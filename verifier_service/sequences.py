@@ -1,0 +1,88 @@
+"""Live sequences: admission caps, idle expiry, and a guarantee that every cache is freed.
+
+A sequence is admitted with its worst-case cache size (prompt + max_tokens)
+reserved, so the caps hold before memory runs out. It is released when its
+Decode call ends for any reason: finished, cancelled, deadline, error. A reaper
+cancels calls idle past the TTL (a client that stopped reading).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+
+from specdec import metrics
+
+log = logging.getLogger(__name__)
+
+
+class CapacityExceeded(Exception):
+    """Maps to RESOURCE_EXHAUSTED; the message says which cap."""
+
+
+@dataclasses.dataclass
+class LiveSequence:
+    request_id: str
+    reserved_tokens: int
+    task: asyncio.Task | None
+    last_active: float = dataclasses.field(default_factory=time.monotonic)
+
+    def touch(self) -> None:
+        self.last_active = time.monotonic()
+
+
+class SequenceRegistry:
+    def __init__(self, max_sequences: int, max_cache_tokens: int, ttl_s: float):
+        self.max_sequences = max_sequences
+        self.max_cache_tokens = max_cache_tokens
+        self.ttl_s = ttl_s
+        self.live: dict[int, LiveSequence] = {}
+        self._next_key = 0
+        self._reaper: asyncio.Task | None = None
+
+    @property
+    def reserved_tokens(self) -> int:
+        return sum(s.reserved_tokens for s in self.live.values())
+
+    def admit(self, request_id: str, reserved_tokens: int) -> tuple[int, LiveSequence]:
+        if len(self.live) >= self.max_sequences:
+            raise CapacityExceeded(f"the verifier holds {len(self.live)} live sequences, its cap "
+                                   "(--max-sequences); retry later")
+        if self.reserved_tokens + reserved_tokens > self.max_cache_tokens:
+            raise CapacityExceeded(f"the KV caches would exceed {self.max_cache_tokens} tokens (--max-cache-tokens); "
+                                   "retry later or lower max_tokens")
+        self._next_key += 1
+        sequence = LiveSequence(request_id, reserved_tokens, asyncio.current_task())
+        self.live[self._next_key] = sequence
+        self._publish()
+        return self._next_key, sequence
+
+    def release(self, key: int) -> None:
+        self.live.pop(key, None)
+        self._publish()
+
+    def _publish(self) -> None:
+        metrics.LIVE_SEQUENCES.set(len(self.live))
+        metrics.CACHE_TOKENS.set(self.reserved_tokens)
+
+    def start_reaper(self) -> None:
+        if self._reaper is None and self.ttl_s > 0:
+            self._reaper = asyncio.get_running_loop().create_task(self._reap_forever())
+
+    async def _reap_forever(self) -> None:
+        while True:
+            await asyncio.sleep(max(0.05, self.ttl_s / 4))
+            self.reap()
+
+    def reap(self) -> int:
+        """Cancel sequences idle past the TTL; their calls' cleanup frees the caches."""
+        now, reaped = time.monotonic(), 0
+        for sequence in list(self.live.values()):
+            if now - sequence.last_active > self.ttl_s and sequence.task is not None and not sequence.task.done():
+                log.warning("request %s idle for %.0f s: dropping its sequence", sequence.request_id,
+                            now - sequence.last_active)
+                sequence.task.cancel()
+                reaped += 1
+        return reaped

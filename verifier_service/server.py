@@ -1,0 +1,75 @@
+"""VerifierService: Decode streams a sequence's tokens round by round; the sequence lives as long as the call."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+
+import grpc
+
+from specdec import metrics
+from specdec.v1 import common_pb2, verifier_pb2, verifier_pb2_grpc
+from verifier_service.config import VerifierConfig
+from verifier_service.decode_loop import decode
+from verifier_service.draft_client import DraftLink
+from verifier_service.engine import TransformersEngine
+from verifier_service.sequences import CapacityExceeded, SequenceRegistry
+from verifier_service.speculation_policy import SpeculationPolicy
+from verifier_service.stopping import LENGTH, STOP
+from verifier_service.validation import InvalidRequest, check_decode_request
+
+log = logging.getLogger(__name__)
+
+FINISH_REASONS = {STOP: common_pb2.FINISH_REASON_STOP, LENGTH: common_pb2.FINISH_REASON_LENGTH}
+
+
+class VerifierServicer(verifier_pb2_grpc.VerifierServiceServicer):
+    def __init__(self, engine: TransformersEngine, tokenizer, info: common_pb2.ModelInfo, config: VerifierConfig,
+                 draft: DraftLink | None):
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.info = info
+        self.config = config
+        self.draft = draft
+        self.sequences = SequenceRegistry(config.max_sequences, config.max_cache_tokens, config.sequence_ttl_s)
+        self._compute = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="verify-compute")
+
+    async def run(self, fn, *args):
+        """Model work runs on one compute thread: the model is not re-entrant, and torch has its own threads."""
+        return await asyncio.get_running_loop().run_in_executor(self._compute, fn, *args)
+
+    async def GetModelInfo(self, request, context):
+        return verifier_pb2.GetModelInfoResponse(info=self.info)
+
+    async def Decode(self, request: verifier_pb2.DecodeRequest, context: grpc.aio.ServicerContext):
+        self.sequences.start_reaper()
+        try:
+            spec = check_decode_request(request, self.engine.vocab_size, self.engine.max_context,
+                                        self.config.max_speculative_tokens)
+        except InvalidRequest as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        try:
+            key, live = self.sequences.admit(spec.request_id, len(spec.prompt_ids) + spec.max_tokens)
+        except CapacityExceeded as exc:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
+        policy = SpeculationPolicy(self.config.num_speculative_tokens, self.config.max_speculative_tokens)
+        generated = 0
+        try:
+            rounds = decode(spec, self.engine, self.draft, policy, self.run, self.tokenizer,
+                            list(self.info.eos_token_ids))
+            async for output, stats in rounds:
+                live.touch()
+                generated += len(output.token_ids)
+                message = verifier_pb2.DecodeResponse(token_ids=output.token_ids)
+                if output.finish_reason:
+                    message.finish_reason = FINISH_REASONS[output.finish_reason]
+                    message.matched_stop = output.matched_stop
+                    message.speculation.CopyFrom(stats.to_proto())
+                    message.usage.CopyFrom(common_pb2.Usage(prompt_tokens=len(spec.prompt_ids),
+                                                            completion_tokens=generated))
+                    metrics.REQUESTS.labels(finish_reason=output.finish_reason).inc()
+                metrics.GENERATED_TOKENS.inc(len(output.token_ids))
+                yield message
+        finally:
+            self.sequences.release(key)
