@@ -43,9 +43,11 @@ test-fast: setup  ## the suite without slow (real-model, multi-process) tests
 bench: setup model  ## does speculation pay for my workload? writes bench/results/
 	$(PY) -m bench --model $(MODEL_DIR)
 
-trace-ui: setup  ## a local tracing UI (Arize Phoenix) taking OTLP on :4317, UI on http://localhost:6006
-	@$(PY) -c "import phoenix" 2>/dev/null || $(PIP) install -q arize-phoenix==20.26.1
-	$(VENV)/bin/phoenix serve
+trace-ui:  ## a local tracing UI (Arize Phoenix, own venv in .cache/phoenix-venv) taking OTLP on :4317, UI on http://localhost:6006
+	@test -x .cache/phoenix-venv/bin/phoenix || { $(PYTHON) -m venv .cache/phoenix-venv && \
+		echo "==> installing arize-phoenix into .cache/phoenix-venv (first time: about a minute, 850 MB)" && \
+		.cache/phoenix-venv/bin/pip install -q arize-phoenix==20.26.1; }
+	.cache/phoenix-venv/bin/phoenix serve
 
 deploy-check: setup  ## offline: compose schema + wiring, k8s render + schemas, hadolint
 	$(PY) -m pytest -q tests/deploy

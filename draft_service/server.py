@@ -11,12 +11,14 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import time
 
 import grpc
+from opentelemetry import trace
 
 from draft_service.config import DraftConfig
 from draft_service.proposer import DraftSequence, Proposal, Proposer, ProposerError
-from specdec import metrics
+from specdec import limits, metrics
 from specdec.sampling import SamplingParams
 from specdec.v1 import common_pb2, draft_pb2, draft_pb2_grpc
 
@@ -57,7 +59,12 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
                                 f"the draft holds {len(self.live)} live sequences, its cap (--max-sequences); retry later")
         sampling = sampling_from_proto(start.sampling)
-        sequence = await self._run(self.proposer.start, list(start.prompt_token_ids), sampling, start.return_probs)
+        try:
+            sequence = await self._run(self.proposer.start, list(start.prompt_token_ids), sampling,
+                                       start.return_probs)
+        except (ValueError, RuntimeError, ProposerError) as exc:  # e.g. a seed the generator cannot take
+            log.warning("request %s: cannot start a draft sequence: %s", start.request_id[:128], exc)
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"start: cannot start the sequence: {exc}")
         key = id(sequence)
         self.live[key] = sequence
         metrics.LIVE_SEQUENCES.set(len(self.live))
@@ -78,14 +85,24 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
                                 f"{self.config.max_speculative_tokens}")
         if any(t < 0 or t >= self.info.vocab_size for t in block.append_token_ids):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                                f"append_token_ids must be in [0, {self.info.vocab_size})")
+                                f"next.append_token_ids must be in [0, {self.info.vocab_size})")
+        longest = self._max_tokens()
+        if block.keep_length + len(block.append_token_ids) + block.num_tokens > longest:
+            await context.abort(grpc.StatusCode.OUT_OF_RANGE,
+                                f"next: keep_length {block.keep_length} + {len(block.append_token_ids)} "
+                                f"append_token_ids + num_tokens {block.num_tokens} exceeds the draft's limit of "
+                                f"{longest} tokens per sequence")
         if self.config.inject_delay_ms:
             await asyncio.sleep(self.config.inject_delay_ms / 1000)
+        started = time.perf_counter()
         try:
             proposal = await self._run(self._step, sequence, block)
         except ProposerError as exc:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
         metrics.DRAFT_TOKENS_PROPOSED.inc(len(proposal.token_ids))
+        trace.get_current_span().add_event("propose", {
+            "k": block.num_tokens, "proposed": len(proposal.token_ids),
+            "ms": round((time.perf_counter() - started) * 1000, 3)})
         probs = b"" if proposal.probs is None else proposal.probs.numpy().astype("<f4", copy=False).tobytes()
         return draft_pb2.ProposeResponse(
             token_ids=proposal.token_ids, probs=probs, sequence_length=len(sequence.tokens)
@@ -102,9 +119,16 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
             return fn(*args)
         return await asyncio.get_running_loop().run_in_executor(self._compute, fn, *args)
 
+    def _max_tokens(self) -> int:
+        """Longest sequence the draft keeps: its model's context, or a bound for a proposer with none."""
+        return self.info.max_context or limits.MAX_DRAFT_SEQUENCE_TOKENS
+
     def _check_start(self, start: draft_pb2.StartSequence) -> str | None:
         if not start.prompt_token_ids:
             return "start.prompt_token_ids must not be empty"
+        if len(start.prompt_token_ids) > self._max_tokens():
+            return (f"start.prompt_token_ids has {len(start.prompt_token_ids)} tokens; the draft keeps at most "
+                    f"{self._max_tokens()}")
         bad = [t for t in start.prompt_token_ids if t < 0 or t >= self.info.vocab_size]
         if bad:
             return f"start.prompt_token_ids has ids outside the vocabulary [0, {self.info.vocab_size}): {bad[:5]}"

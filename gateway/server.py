@@ -8,6 +8,7 @@ the request's trace.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 import uuid
@@ -39,19 +40,21 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
 
     async def Generate(self, request: gateway_pb2.GenerateRequest, context: grpc.aio.ServicerContext):
         response = gateway_pb2.GenerateResponse()
-        async for piece in self._generate(request, context):
-            response.text += piece.text
-            response.token_ids.extend(piece.token_ids)
-            if piece.finish_reason:
-                response.finish_reason = piece.finish_reason
-                response.matched_stop = piece.matched_stop
-                response.usage.CopyFrom(piece.usage)
-                response.speculation.CopyFrom(piece.speculation)
+        async with contextlib.aclosing(self._generate(request, context)) as pieces:  # a cancel frees it at once
+            async for piece in pieces:
+                response.text += piece.text
+                response.token_ids.extend(piece.token_ids)
+                if piece.finish_reason:
+                    response.finish_reason = piece.finish_reason
+                    response.matched_stop = piece.matched_stop
+                    response.usage.CopyFrom(piece.usage)
+                    response.speculation.CopyFrom(piece.speculation)
         return response
 
     async def GenerateStream(self, request: gateway_pb2.GenerateRequest, context: grpc.aio.ServicerContext):
-        async for piece in self._generate(request, context):
-            yield piece
+        async with contextlib.aclosing(self._generate(request, context)) as pieces:
+            async for piece in pieces:
+                yield piece
 
     async def _generate(self, request: gateway_pb2.GenerateRequest, context: grpc.aio.ServicerContext):
         span = trace.get_current_span()
@@ -70,6 +73,8 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         text = TextAssembler(self.tokenizer, prompt_ids, list(request.stop))
         started = last = time.perf_counter()
         first = True
+        stream = None
+        metrics.LIVE_SEQUENCES.inc()
         try:
             stream = self.verifier.Decode(decode_request, timeout=self.config.request_timeout_s)
             async for message in stream:
@@ -89,6 +94,11 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
                 yield piece
         except grpc.aio.AioRpcError as exc:
             await self._abort_for_verifier_error(exc, context)
+        finally:
+            metrics.LIVE_SEQUENCES.dec()
+            if stream is not None and not stream.done():
+                # the client went away (cancelled, deadline): end the verifier's call now, which frees the sequence
+                stream.cancel()
 
     async def _prompt_ids(self, request: gateway_pb2.GenerateRequest, context) -> list[int]:
         if request.WhichOneof("input") == "prompt_token_ids":
@@ -108,6 +118,13 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
             "specdec.num_accepted_tokens": stats.num_accepted_tokens,
             "specdec.acceptance_rate": stats.acceptance_rate,
         })
+        # the verifier counts these per round; the gateway counts the same from each finished request's statistics
+        metrics.NUM_DRAFTS.inc(stats.num_drafts)
+        metrics.NUM_DRAFT_TOKENS.inc(stats.num_draft_tokens)
+        metrics.NUM_ACCEPTED_TOKENS.inc(stats.num_accepted_tokens)
+        for position, count in enumerate(stats.accepted_per_position):
+            if count:
+                metrics.ACCEPTED_PER_POS.labels(position=str(position)).inc(count)
 
     @staticmethod
     async def _abort_for_verifier_error(exc: grpc.aio.AioRpcError, context) -> None:

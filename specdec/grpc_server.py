@@ -65,7 +65,11 @@ def channel_credentials(config: ServerConfig) -> grpc.ChannelCredentials | None:
 
 def open_channel(target: str, config: ServerConfig) -> grpc.aio.Channel:
     """A traced aio channel to a peer, over TLS when configured."""
-    options = message_options(config) + [("grpc.enable_retries", 1), ("grpc.keepalive_time_ms", 30_000)]
+    # Peers are services that restart: retry the connection every 2 s at most, not gRPC's default of up to 120 s.
+    options = message_options(config) + [("grpc.enable_retries", 1), ("grpc.keepalive_time_ms", 30_000),
+                                         ("grpc.initial_reconnect_backoff_ms", 250),
+                                         ("grpc.min_reconnect_backoff_ms", 250),
+                                         ("grpc.max_reconnect_backoff_ms", 2_000)]
     credentials = channel_credentials(config)
     interceptors = telemetry.client_interceptors()
     if credentials is None:

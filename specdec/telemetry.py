@@ -37,7 +37,9 @@ class ServiceNameOnSpans(SpanProcessor):
 def setup_tracing(default_service_name: str) -> TracerProvider:
     """Install the global tracer provider for this process and return it."""
     service_name = os.environ.get("OTEL_SERVICE_NAME", default_service_name)
-    provider = TracerProvider(resource=Resource.create({SERVICE_NAME: service_name}))
+    # Phoenix groups traces by openinference.project.name, read from the resource.
+    provider = TracerProvider(resource=Resource.create({SERVICE_NAME: service_name,
+                                                        "openinference.project.name": "specdec"}))
     provider.add_span_processor(ServiceNameOnSpans(service_name))
     if os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter

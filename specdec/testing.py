@@ -46,7 +46,7 @@ def build_tokenizer(out_dir: pathlib.Path, vocab_size: int = 320):
     return fast
 
 
-def tiny_llama_config(vocab_size: int, eos_token_id: int, seed_layers: int = 2):
+def tiny_llama_config(vocab_size: int, eos_token_id: int, seed_layers: int = 2, init_range: float = 0.3):
     from transformers import LlamaConfig
 
     return LlamaConfig(
@@ -62,17 +62,17 @@ def tiny_llama_config(vocab_size: int, eos_token_id: int, seed_layers: int = 2):
         pad_token_id=0,
         tie_word_embeddings=False,
         # A larger init spreads the logits, so argmax is rarely a near-tie.
-        initializer_range=0.3,
+        initializer_range=init_range,
     )
 
 
 def build_tiny_model(out_dir: pathlib.Path, vocab_size: int, eos_token_id: int, seed: int, noise_from=None,
-                     noise: float = 0.0):
+                     noise: float = 0.0, init_range: float = 0.3):
     """A seeded random LlamaForCausalLM saved to out_dir; optionally a noisy copy of another."""
     from transformers import LlamaForCausalLM
 
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(tiny_llama_config(vocab_size, eos_token_id)).float().eval()
+    model = LlamaForCausalLM(tiny_llama_config(vocab_size, eos_token_id, init_range=init_range)).float().eval()
     if noise_from is not None:
         model.load_state_dict(noise_from.state_dict())
         with torch.no_grad():

@@ -39,6 +39,8 @@ def main() -> int:
         with running_stack(args.model, args.draft_model or None, method=method, log_dir=log_dir, ports=PORTS,
                            verifier_args=["--dtype", args.dtype],
                            draft_args=["--dtype", args.dtype] if method == "model" else []) as services:
+            # Block the signals only now: children started earlier must not inherit the mask.
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
             print(f"==> all three services SERVING after {time.monotonic() - started:.1f} s", flush=True)
             if not args.no_demo:
                 print(f"==> demo request: {DEMO_PROMPT!r}\n", flush=True)
@@ -50,10 +52,12 @@ def main() -> int:
     except RuntimeError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print("\n==> interrupted during start-up; stopped", flush=True)
+        return 130
     print("==> stopped", flush=True)
     return 0
 
 
 if __name__ == "__main__":
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
     sys.exit(main())

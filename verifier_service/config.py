@@ -19,6 +19,8 @@ class VerifierConfig:
     draft: str = option("", "draft service HOST:PORT; empty decodes without speculation")
     num_speculative_tokens: int = option(4, "default block length k when a request leaves it unset")
     max_speculative_tokens: int = option(16, "largest k a request may ask for")
+    spec_max_concurrency: int = option(
+        0, "adaptive requests decode without speculation while more sequences than this are live (0: no limit)")
     draft_timeout_ms: float = option(1000.0, "a round waits this long for its draft block, then decodes without it")
     draft_wait_s: float = option(30.0, "at start-up, wait this long for the draft to check its tokenizer")
     max_sequences: int = option(64, "live sequences at most; more get RESOURCE_EXHAUSTED")

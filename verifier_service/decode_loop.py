@@ -156,6 +156,7 @@ async def decode(
     run: typing.Callable[..., typing.Awaitable],
     tokenizer,
     eos_token_ids: list[int],
+    live_sequences: typing.Callable[[], int] = lambda: 1,
 ) -> typing.AsyncIterator[tuple[RoundOutput, Stats]]:
     """Generate for one sequence; yields each round's kept tokens with the running statistics.
 
@@ -169,17 +170,18 @@ async def decode(
     state = await run(engine.start, spec.prompt_ids)
     try:
         while True:
-            k = policy.block_size(spec.num_speculative_tokens, stopper.remaining, engine.max_context - len(state.tokens))
-            waited = time.perf_counter()
+            k = policy.block_size(stopper.remaining, engine.max_context - len(state.tokens), live_sequences())
+            round_started = time.perf_counter()
             block, fallback_reason = await sync.propose(spec, state.tokens, k)
-            draft_wait_s = time.perf_counter() - waited
+            draft_wait_s = time.perf_counter() - round_started
             verdict, forward_s = await run(verify_block, engine, state, block, spec.sampling, generator)
             sync.accepted(verdict.num_accepted)
             stats.record(len(block.token_ids), verdict.num_accepted)
-            if fallback_reason:
+            fallback_reason = fallback_reason or policy.off_reason
+            if fallback_reason and sync.link is not None:
                 stats.num_fallback_rounds += 1
                 metrics.FALLBACK_ROUNDS.labels(reason=fallback_reason).inc()
-            policy.observe(len(block.token_ids), verdict.num_accepted)
+            policy.observe(len(block.token_ids), verdict.num_accepted, time.perf_counter() - round_started)
             metrics.VERIFY_FORWARD_TIME.observe(forward_s)
             metrics.DRAFT_WAIT_TIME.observe(draft_wait_s)
             span.add_event("round", {

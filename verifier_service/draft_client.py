@@ -26,6 +26,14 @@ from specdec.v1 import common_pb2, draft_pb2, draft_pb2_grpc
 log = logging.getLogger(__name__)
 
 
+# Errors about one request (the draft refused it), not about the draft: they do not back off other sequences.
+REQUEST_ERRORS = frozenset({grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION,
+                            grpc.StatusCode.OUT_OF_RANGE})
+
+
+_DRAINING: set[asyncio.Task] = set()  # strong references to streams being closed
+
+
 class DraftUnavailable(Exception):
     """The draft cannot serve this round; decode without it."""
 
@@ -112,10 +120,22 @@ class DraftLink:
                 return_probs=not sampling.greedy,
             )
             await asyncio.wait_for(call.write(draft_pb2.ProposeRequest(start=start)), self.timeout_s)
+        except DraftIncompatible as exc:
+            # a draft restarted with another tokenizer: never speculate with it; say so, and keep checking
+            log.error("%s", exc)
+            self.failed()
+            raise DraftUnavailable(f"the draft at {self.address} is incompatible") from exc
         except (grpc.aio.AioRpcError, asyncio.TimeoutError, DraftUnavailable) as exc:
-            self.backoff.failed()
+            self.failed()
             raise DraftUnavailable(f"cannot open a draft stream: {exc!r}") from exc
         return DraftSession(self, call, len(tokens))
+
+    def failed(self, exc: BaseException | None = None) -> None:
+        """A draft call failed. Back off (every sequence) unless the draft only refused this one request."""
+        if isinstance(exc, grpc.aio.AioRpcError) and exc.code() in REQUEST_ERRORS:
+            return
+        self.backoff.failed()
+        self.checked = False  # whatever answers after a failure may be another draft: check its tokenizer again
 
     async def close(self) -> None:
         await self.channel.close()
@@ -136,7 +156,7 @@ class DraftSession:
         try:
             response = await asyncio.wait_for(self._round_trip(request), self.link.timeout_s)
         except (grpc.aio.AioRpcError, asyncio.TimeoutError, DraftUnavailable) as exc:
-            self.link.backoff.failed()
+            self.link.failed(exc)
             self.cancel()
             raise DraftUnavailable(f"draft round failed: {exc!r}") from exc
         self.link.backoff.succeeded()
@@ -171,4 +191,16 @@ class DraftSession:
         self.call.cancel()
 
     def close(self) -> None:
-        self.call.cancel()
+        """Half-close the stream and drain it in the background, so the draft finishes the call cleanly
+        (and the call's client span ends now, not at shutdown)."""
+        task = asyncio.get_running_loop().create_task(self._drain())
+        _DRAINING.add(task)
+        task.add_done_callback(_DRAINING.discard)
+
+    async def _drain(self) -> None:
+        try:
+            await asyncio.wait_for(self.call.done_writing(), 5.0)
+            while await asyncio.wait_for(self.call.read(), 5.0) is not grpc.aio.EOF:
+                pass
+        except (grpc.aio.AioRpcError, asyncio.TimeoutError, asyncio.InvalidStateError, RuntimeError):
+            self.call.cancel()

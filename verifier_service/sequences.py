@@ -12,6 +12,7 @@ import asyncio
 import dataclasses
 import logging
 import time
+import typing
 
 from specdec import metrics
 
@@ -28,6 +29,10 @@ class LiveSequence:
     reserved_tokens: int
     task: asyncio.Task | None
     last_active: float = dataclasses.field(default_factory=time.monotonic)
+    reaped: bool = False
+    # Called (as a new task) when the reaper drops the sequence: ends the call with a status, since a cancelled
+    # handler alone leaves the client waiting until its own deadline.
+    on_reap: typing.Callable[[], typing.Awaitable[None]] | None = None
 
     def touch(self) -> None:
         self.last_active = time.monotonic()
@@ -41,6 +46,7 @@ class SequenceRegistry:
         self.live: dict[int, LiveSequence] = {}
         self._next_key = 0
         self._reaper: asyncio.Task | None = None
+        self._reap_calls: set[asyncio.Task] = set()
 
     @property
     def reserved_tokens(self) -> int:
@@ -83,6 +89,11 @@ class SequenceRegistry:
             if now - sequence.last_active > self.ttl_s and sequence.task is not None and not sequence.task.done():
                 log.warning("request %s idle for %.0f s: dropping its sequence", sequence.request_id,
                             now - sequence.last_active)
+                sequence.reaped = True
                 sequence.task.cancel()
+                if sequence.on_reap is not None:
+                    call = asyncio.get_running_loop().create_task(sequence.on_reap())
+                    self._reap_calls.add(call)
+                    call.add_done_callback(self._reap_calls.discard)
                 reaped += 1
         return reaped

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import logging
 
 import grpc
@@ -15,7 +16,7 @@ from verifier_service.decode_loop import decode
 from verifier_service.draft_client import DraftLink
 from verifier_service.engine import TransformersEngine
 from verifier_service.sequences import CapacityExceeded, SequenceRegistry
-from verifier_service.speculation_policy import SpeculationPolicy
+from verifier_service.speculation_policy import Rate, SpeculationPolicy
 from verifier_service.stopping import LENGTH, STOP
 from verifier_service.validation import InvalidRequest, check_decode_request
 
@@ -33,6 +34,7 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServiceServicer):
         self.config = config
         self.draft = draft
         self.sequences = SequenceRegistry(config.max_sequences, config.max_cache_tokens, config.sequence_ttl_s)
+        self.plain_rate = Rate()  # tokens/s of plain rounds, shared by every request's policy
         self._compute = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="verify-compute")
 
     async def run(self, fn, *args):
@@ -49,15 +51,17 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServiceServicer):
                                         self.config.max_speculative_tokens)
         except InvalidRequest as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        policy = SpeculationPolicy(self.config.num_speculative_tokens, self.config.max_speculative_tokens,
+                                   spec.num_speculative_tokens, self.config.spec_max_concurrency, self.plain_rate)
         try:
             key, live = self.sequences.admit(spec.request_id, len(spec.prompt_ids) + spec.max_tokens)
         except CapacityExceeded as exc:
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
-        policy = SpeculationPolicy(self.config.num_speculative_tokens, self.config.max_speculative_tokens)
+        live.on_reap = functools.partial(self._end_reaped_call, context, spec.request_id)
         generated = 0
+        rounds = decode(spec, self.engine, self.draft, policy, self.run, self.tokenizer,
+                        list(self.info.eos_token_ids))
         try:
-            rounds = decode(spec, self.engine, self.draft, policy, self.run, self.tokenizer,
-                            list(self.info.eos_token_ids))
             async for output, stats in rounds:
                 live.touch()
                 generated += len(output.token_ids)
@@ -73,3 +77,14 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServiceServicer):
                 yield message
         finally:
             self.sequences.release(key)
+            # Free the KV cache and end the draft's stream now, not whenever the generator is collected.
+            await rounds.aclose()
+
+    async def _end_reaped_call(self, context, request_id: str) -> None:
+        """The reaper dropped this call's sequence: tell the client why (it is waiting otherwise)."""
+        try:
+            await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED,
+                                f"request {request_id}: no progress for {self.config.sequence_ttl_s:g} s "
+                                "(--sequence-ttl-s; the client stopped reading?); its sequence was dropped")
+        except Exception:  # noqa: BLE001 (abort raises by design; a finished call raises too)
+            pass

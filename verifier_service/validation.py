@@ -27,6 +27,7 @@ def check_decode_request(request: verifier_pb2.DecodeRequest, vocab_size: int, m
     problems = limits.prompt_ids_problems(prompt, vocab_size, "prompt_token_ids")
     sampling = sampling_from_request(request.sampling)
     problems += [f"sampling.{p}" for p in sampling.problems()]
+    problems += limits.temperature_problems(sampling.temperature, "sampling.temperature")
     if request.max_tokens < 1:
         problems.append("max_tokens must be >= 1")
     elif len(prompt) + request.max_tokens > max_context:

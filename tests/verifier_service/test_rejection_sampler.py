@@ -1,5 +1,7 @@
 """The accept/reject rules, as token lists, and their output distribution."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -89,6 +91,8 @@ def chi_square_p_value(counts, probs):
     support = probs > 0
     if (counts[~support] > 0).any():
         return 0.0  # a token outside the target's support: certainly wrong
+    if int(support.sum()) == 1:
+        return 1.0  # a certain token, and every sample hit it
     expected = probs[support] * counts.sum()
     return float(chisquare(counts[support].numpy(), expected.numpy()).pvalue)
 
@@ -119,3 +123,80 @@ def test_a_sampler_that_skips_the_residual_fails_the_same_test(name):
     p, q = shaped(SETTINGS[name], seed=7)
     counts = first_token_histogram(wrong_rejection_sample, p, q, SETTINGS[name])
     assert chi_square_p_value(counts, p[0]) < 1e-6
+
+
+# ---- through speculation: a real draft model and the verifier's round -------------------
+
+ENGINE_VOCAB = 12
+ENGINE_SAMPLES = 1500
+
+
+@pytest.fixture(scope="module")
+def small_vocab_pair(tmp_path_factory):
+    """A target and a noisy draft over a 12-token vocabulary, so that histograms are well filled."""
+    from specdec.models import load_causal_lm
+    from specdec.testing import build_tiny_model
+
+    root = tmp_path_factory.mktemp("small-vocab")
+    # a small init keeps p spread over many tokens; heavy noise makes q overlap p by about half
+    target = build_tiny_model(root / "t", ENGINE_VOCAB, eos_token_id=ENGINE_VOCAB - 1, seed=3, init_range=0.1)
+    build_tiny_model(root / "d", ENGINE_VOCAB, eos_token_id=ENGINE_VOCAB - 1, seed=4, noise_from=target, noise=3.0,
+                     init_range=0.1)
+    return load_causal_lm(str(root / "t")), load_causal_lm(str(root / "d"))
+
+
+def two_token_marginals(model, prompt, params):
+    """Exact target distributions of the first and second generated tokens: [V] each."""
+    with torch.inference_mode():
+        first = probs_from_logits(model(input_ids=torch.tensor([prompt])).logits[0, -1:], params)[0]
+        batch = torch.tensor([prompt + [x] for x in range(ENGINE_VOCAB)])
+        after = probs_from_logits(model(input_ids=batch).logits[:, -1], params)  # [V, V]
+    return first, first @ after
+
+
+def speculative_two_tokens(target, draft, prompt, params, sampler, samples=ENGINE_SAMPLES):
+    """Histograms of the first two tokens produced by draft + verify rounds (k = 2)."""
+    from draft_service.model_draft import ModelProposer
+    from verifier_service import decode_loop
+    from verifier_service.draft_client import Block
+    from verifier_service.engine import TransformersEngine
+
+    engine, proposer = TransformersEngine(target), ModelProposer(draft)
+    counts = torch.zeros(2, ENGINE_VOCAB)
+    generator = make_generator(99)
+    original = decode_loop.rejection_sample
+    decode_loop.rejection_sample = sampler
+    try:
+        for i in range(samples):
+            state = engine.start(prompt)
+            sequence = proposer.start(prompt, dataclasses.replace(params, seed=i), return_probs=True)
+            proposal = sequence.propose(2)
+            verdict, _ = decode_loop.verify_block(engine, state, Block(proposal.token_ids, proposal.probs), params,
+                                                  generator)
+            emitted = verdict.emitted(proposal.token_ids)
+            if len(emitted) < 2:  # one more plain round for the second token
+                verdict, _ = decode_loop.verify_block(engine, state, Block([], None), params, generator)
+                emitted += [verdict.next_token]
+            counts[0, emitted[0]] += 1
+            counts[1, emitted[1]] += 1
+    finally:
+        decode_loop.rejection_sample = original
+    return counts
+
+
+@pytest.mark.parametrize("name", SETTINGS)
+def test_tokens_sampled_through_speculation_follow_the_target(small_vocab_pair, name):
+    target, draft = small_vocab_pair
+    prompt, params = [1], SETTINGS[name]
+    first, second = two_token_marginals(target, prompt, params)
+    counts = speculative_two_tokens(target, draft, prompt, params, rejection_sample)
+    assert chi_square_p_value(counts[0], first) > 1e-3
+    assert chi_square_p_value(counts[1], second) > 1e-3
+
+
+def test_speculation_with_a_sampler_that_skips_the_residual_is_caught(small_vocab_pair):
+    target, draft = small_vocab_pair
+    prompt, params = [1], SETTINGS["T=1.0"]
+    first, _ = two_token_marginals(target, prompt, params)
+    counts = speculative_two_tokens(target, draft, prompt, params, wrong_rejection_sample)
+    assert chi_square_p_value(counts[0], first) < 1e-6

@@ -1,0 +1,201 @@
+"""python -m bench --model DIR [--quick] [--draft-model DIR] [--out bench/results]
+
+Starts the stack (gateway -> verifier -> n-gram draft) once, and optionally a second
+one with a draft model; loads the same target in-process for the Hugging Face
+anchor; then, for every prompt, runs every method back to back (the order rotates
+per prompt and repeat) and repeats the whole pass R times. Writes
+<out>/<timestamp>.json, <out>/latest.json, <out>/latest.md and <out>/latest.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import logging
+import os
+import pathlib
+import platform
+import signal
+import sys
+import tempfile
+import time
+
+from bench import report
+from bench.methods import HFMethod, HFModel, StackMethod, draft_step_seconds
+from bench.workloads import DEFAULT_WORKLOADS, load_workload
+
+log = logging.getLogger("bench")
+DEFAULT_OUT = pathlib.Path(__file__).resolve().parent / "results"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--model", required=True, help="target model directory")
+    p.add_argument("--draft-model", default="", help="also benchmark a draft model (a second stack, method=model)")
+    p.add_argument("--out", default=str(DEFAULT_OUT), help="results directory")
+    p.add_argument("--quick", action="store_true",
+                   help="1 repeat, 2 prompts per workload, at most 48 new tokens: a few minutes")
+    p.add_argument("--repeats", type=int, default=None, help="passes over all prompts (default 3; --quick 1)")
+    p.add_argument("--workloads", default=",".join(DEFAULT_WORKLOADS),
+                   help="comma-separated names in bench/workloads/ (or .jsonl paths)")
+    p.add_argument("--prompts-per-workload", type=int, default=None, help="first N prompts of each (default all)")
+    p.add_argument("--max-tokens", type=int, default=None, help="cap every prompt's max_tokens")
+    p.add_argument("--fixed-k", default="", help="also run the n-gram stack at these fixed k, e.g. '4' or '2,8'")
+    p.add_argument("--anchor-lookup", type=int, default=4, help="HF prompt_lookup_num_tokens of the anchor")
+    p.add_argument("--no-anchor", action="store_true", help="skip the in-process Hugging Face anchor")
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"], help="target (and draft) dtype")
+    p.add_argument("--threads", type=int, default=2, help="torch threads of the verifier and of the anchor")
+    p.add_argument("--omp-wait-policy", default="PASSIVE", choices=["PASSIVE", "ACTIVE", "inherit"],
+                   help="OMP_WAIT_POLICY for the services and the anchor; PASSIVE keeps a busy, shared machine from "
+                        "collapsing (spinning OpenMP threads cost seconds per forward when cores are oversubscribed)")
+    p.add_argument("--no-plot", action="store_true", help="skip latest.png")
+    p.add_argument("--log-dir", default="", help="service logs (default: a temporary directory)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return p
+
+
+def machine_info(threads: int, omp_wait_policy: str) -> dict:
+    import torch
+    import transformers
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"cpu": cpu, "cores": os.cpu_count(), "threads": threads, "platform": platform.platform(),
+            "python": platform.python_version(), "torch": torch.__version__,
+            "transformers": transformers.__version__, "gpu": None, "omp_wait_policy": omp_wait_policy,
+            "load_avg_start": [round(x, 2) for x in os.getloadavg()]}
+
+
+def context_ok(tokenizer, max_context: int, prompt) -> bool:
+    return len(tokenizer(prompt.text, add_special_tokens=False)["input_ids"]) + prompt.max_tokens <= max_context
+
+
+def run(args: argparse.Namespace) -> dict:
+    from tqdm import tqdm
+
+    from specdec.models import load_tokenizer
+    from specdec.stack import running_stack
+
+    repeats = args.repeats if args.repeats is not None else (1 if args.quick else 3)
+    per_workload = args.prompts_per_workload or (2 if args.quick else None)
+    max_tokens = args.max_tokens or (48 if args.quick else None)
+    fixed_ks = [int(k) for k in args.fixed_k.split(",") if k.strip()]
+    started_run = time.monotonic()
+    env = {}
+    if args.omp_wait_policy != "inherit":
+        env["OMP_WAIT_POLICY"] = args.omp_wait_policy
+        os.environ["OMP_WAIT_POLICY"] = args.omp_wait_policy  # the anchor (torch is not imported yet)
+    machine = machine_info(args.threads, os.environ.get("OMP_WAIT_POLICY", "default"))
+
+    tokenizer = load_tokenizer(args.model)
+    import json as _json
+
+    config = _json.loads((pathlib.Path(args.model) / "config.json").read_text())
+    max_context = int(config.get("max_position_embeddings") or 2048)
+    prompts = []
+    for name in [w.strip() for w in args.workloads.split(",") if w.strip()]:
+        for prompt in load_workload(name, per_workload, max_tokens):
+            if context_ok(tokenizer, max_context, prompt):
+                prompts.append(prompt)
+            else:
+                log.warning("skipping %s/%s: prompt + max_tokens exceed the context (%d)", prompt.workload,
+                            prompt.id, max_context)
+    if not prompts:
+        raise SystemExit("no prompt fits the model's context")
+
+    log_dir = pathlib.Path(args.log_dir) if args.log_dir else pathlib.Path(tempfile.mkdtemp(prefix="bench-logs-"))
+    log_dir.mkdir(parents=True, exist_ok=True)
+    verifier_args = ["--dtype", args.dtype, "--threads", str(args.threads)]
+    draft_cost: dict[str, float] = {}
+    samples = []
+    with __import__("contextlib").ExitStack() as stack:
+        log.info("starting the n-gram stack (logs in %s)", log_dir)
+        ngram_services = stack.enter_context(running_stack(args.model, method="ngram", verifier_args=verifier_args,
+                                                           env=env, log_dir=log_dir))
+        gateway, metrics_port = ngram_services["gateway"].address, ngram_services["verifier"].metrics_port
+        methods = [StackMethod("off", gateway, metrics_port, k=0), StackMethod("ngram", gateway, metrics_port, k=None)]
+        methods += [StackMethod(f"ngram_k{k}", gateway, metrics_port, k=k) for k in fixed_ks]
+        if args.draft_model:
+            log.info("measuring the draft model's step time in-process")
+            draft_step = draft_step_seconds(args.draft_model, args.dtype, args.threads)
+            target_step = draft_step_seconds(args.model, args.dtype, args.threads)
+            draft_cost["model"] = draft_step / target_step
+            log.info("draft step %.1f ms, target step %.1f ms: c = %.3f", draft_step * 1e3, target_step * 1e3,
+                     draft_cost["model"])
+            model_services = stack.enter_context(running_stack(
+                args.model, args.draft_model, method="model", verifier_args=verifier_args,
+                draft_args=["--dtype", args.dtype], env=env, log_dir=log_dir))
+            methods.append(StackMethod("model", model_services["gateway"].address,
+                                       model_services["verifier"].metrics_port, k=None, draft_step_s=draft_step))
+        if not args.no_anchor:
+            log.info("loading the target in-process for the Hugging Face anchor")
+            hf = HFModel(args.model, dtype=args.dtype, threads=args.threads)
+            methods += [HFMethod(report.HF_GREEDY, hf, 0), HFMethod(report.HF_LOOKUP, hf, args.anchor_lookup)]
+
+        for method in methods:  # warm-up: first-call costs stay out of the numbers
+            method.run(prompts[0], repeat=-1, max_tokens=16)
+        total = repeats * len(prompts) * len(methods)
+        bar = tqdm(total=total, unit="req", desc="bench", disable=args.no_progress, file=sys.stderr)
+        for repeat in range(repeats):
+            for index, prompt in enumerate(prompts):
+                shift = (repeat + index) % len(methods)
+                for method in methods[shift:] + methods[:shift]:
+                    bar.set_postfix_str(f"{prompt.workload}/{prompt.id} {method.name}", refresh=False)
+                    try:
+                        samples.append(method.run(prompt, repeat))
+                    except Exception as exc:  # noqa: BLE001 (one failed request must not lose the run)
+                        log.error("%s on %s/%s failed: %s", method.name, prompt.workload, prompt.id, exc)
+                    bar.update(1)
+        bar.close()
+        for method in methods:
+            method.close()
+
+    machine["load_avg_end"] = [round(x, 2) for x in os.getloadavg()]
+    rows = report.build_rows(samples, draft_cost, [m.name for m in methods])
+    return {
+        "machine": machine,
+        "model": str(args.model),
+        "dtype": args.dtype,
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "rows": rows,
+        "config": {"repeats": repeats, "workloads": args.workloads.split(","), "prompts": len(prompts),
+                   "max_tokens_cap": max_tokens, "fixed_k": fixed_ks, "anchor_lookup": args.anchor_lookup,
+                   "draft_model": args.draft_model or None, "draft_cost_c": draft_cost or None,
+                   "threads": args.threads, "quick": args.quick,
+                   "run_seconds": round(time.monotonic() - started_run, 1)},
+        "samples": [{k: v for k, v in dataclasses.asdict(s).items() if k != "token_ids"} for s in samples],
+    }
+
+
+def write_results(result: dict, out: pathlib.Path, plot: bool = True) -> dict[str, pathlib.Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    stamp = result["date"].replace(":", "").replace("-", "")
+    paths = {"run": out / f"{stamp}.json", "latest": out / "latest.json", "md": out / "latest.md"}
+    report.write_json(paths["run"], result)
+    report.write_json(paths["latest"], {k: v for k, v in result.items() if k != "samples"})
+    paths["md"].write_text(report.markdown(result))
+    if plot:
+        paths["png"] = out / "latest.png"
+        report.plot(paths["png"], result)
+    return paths
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    # SIGTERM unwinds like Ctrl-C, so the stack's processes are stopped, not orphaned.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    args = build_parser().parse_args(argv)
+    result = run(args)
+    paths = write_results(result, pathlib.Path(args.out), plot=not args.no_plot)
+    print(report.markdown(result))
+    for name, path in paths.items():
+        print(f"{name}: {path}")
+    return 0

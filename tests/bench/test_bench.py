@@ -1,0 +1,207 @@
+"""The benchmark harness: the speedup model, the row layout, the shipped workloads, and a tiny end-to-end run."""
+
+import json
+import math
+import pathlib
+
+import pytest
+
+from bench import prom, report, speedup_model
+from bench.methods import Sample
+from bench.workloads import DEFAULT_WORKLOADS, WORKLOAD_DIR, load_workload
+
+ROW_KEYS = {"workload", "method", "tokens_per_s", "speedup_vs_off", "acceptance_rate", "mean_accepted_length",
+            "transport_overhead_ms_median", "ttft_ms_median", "anchor_speedup"}
+
+
+# --- the speedup model -------------------------------------------------------------------------------------------
+
+def test_expected_tokens_limits_and_a_known_value():
+    assert speedup_model.expected_tokens(0.0, 4) == 1.0
+    assert speedup_model.expected_tokens(1.0, 4) == 5.0
+    assert speedup_model.expected_tokens(0.5, 2) == pytest.approx(1.75)  # 1 + 0.5 + 0.25
+    assert speedup_model.expected_tokens(0.7, 0) == 1.0
+
+
+def test_predicted_speedup_formula():
+    alpha, k, c, rho = 0.6, 4, 0.05, 0.1
+    e = (1 - alpha ** (k + 1)) / (1 - alpha)
+    assert speedup_model.predicted_speedup(alpha, k, c, rho) == pytest.approx(e / (k * c + 1 + rho))
+    # Only pays where alpha beats c (here at k = 1, rho = 0: S = (1 + alpha) / (1 + c)).
+    assert speedup_model.predicted_speedup(0.2, 1, 0.3) < 1 < speedup_model.predicted_speedup(0.4, 1, 0.3)
+
+
+@pytest.mark.parametrize("alpha", [0.1, 0.5, 0.9])
+@pytest.mark.parametrize("k", [1, 3, 8])
+def test_rate_and_alpha_invert_and_tokens_per_round_is_one_plus_k_rate(alpha, k):
+    rate = speedup_model.rate_from_alpha(alpha, k)
+    assert rate <= alpha + 1e-12  # later positions are accepted less often
+    assert speedup_model.alpha_from_rate(rate, k) == pytest.approx(alpha, abs=1e-6)
+    assert 1 + k * rate == pytest.approx(speedup_model.expected_tokens(alpha, k))
+    mal = speedup_model.expected_tokens(alpha, k)
+    assert speedup_model.alpha_from_mean_accepted_length(mal, k) == pytest.approx(alpha, abs=1e-6)
+
+
+def test_best_k_and_break_even():
+    k, s = speedup_model.best_k(0.9, 0.0, 0.0, k_max=8)
+    assert k == 8 and s == pytest.approx(speedup_model.predicted_speedup(0.9, 8))
+    k, _ = speedup_model.best_k(0.3, 0.2, 0.0)
+    assert k <= 2
+    a = speedup_model.break_even_alpha(4, 0.1, 0.0)
+    assert speedup_model.predicted_speedup(a, 4, 0.1) == pytest.approx(1.0, abs=1e-6)
+    assert math.isinf(speedup_model.break_even_alpha(4, 1.5, 0.0))
+
+
+# --- metrics and per-round overhead ------------------------------------------------------------------------------
+
+def test_prometheus_histogram_delta():
+    before = prom.parse("# HELP x\nspecdec_verify_forward_seconds_bucket{le=\"0.1\"} 3.0\n"
+                        "specdec_verify_forward_seconds_sum 0.5\nspecdec_verify_forward_seconds_count 10.0\n")
+    after = prom.parse("specdec_verify_forward_seconds_sum 1.25\nspecdec_verify_forward_seconds_count 25.0\n"
+                       "spec_decode_num_accepted_tokens_per_pos_total{position=\"0\"} 4.0\n")
+    assert prom.histogram_delta(before, after, "specdec_verify_forward_seconds") == (pytest.approx(0.75), 15.0)
+    assert "specdec_verify_forward_seconds_bucket" not in before
+
+
+def test_overhead_per_round():
+    # 11 rounds: prefill + round 1 = TTFT 0.3 s; rounds 2..11 take 1.0 s; forward 40 ms/round, draft 0.
+    s = Sample("w", "p", "ngram", 0, completion_tokens=30, wall_s=1.3, ttft_s=0.3, num_rounds=11,
+               forward_s=0.44, forward_count=11)
+    assert s.overhead_per_round_s() == pytest.approx(0.1 - 0.04)
+    s.draft_compute_s = 0.11
+    assert s.overhead_per_round_s() == pytest.approx(0.1 - 0.05)
+    assert Sample("w", "p", "hf_greedy", 0, 10, 1.0).overhead_per_round_s() is None
+
+
+# --- rows --------------------------------------------------------------------------------------------------------
+
+def _samples():
+    out = []
+    for repeat in range(3):
+        for pid in ("a", "b"):
+            out.append(Sample("copy", pid, "off", repeat, 40, 2.0, ttft_s=0.1, num_rounds=40, forward_s=1.6,
+                              forward_count=40, draft_wait_s=0.0, token_ids=[1, 2, 3]))
+            out.append(Sample("copy", pid, "ngram", repeat, 40, 1.0, ttft_s=0.1, num_rounds=20, num_drafts=20,
+                              num_draft_tokens=80, num_accepted_tokens=20, forward_s=0.9, forward_count=20,
+                              draft_wait_s=0.02, token_ids=[1, 2, 3]))
+            out.append(Sample("copy", pid, "hf_greedy", repeat, 40, 1.6))
+            out.append(Sample("copy", pid, "hf_prompt_lookup", repeat, 40, 0.8))
+    return out
+
+
+def test_rows_layout_and_values():
+    rows = report.build_rows(_samples(), method_order=["off", "ngram", "hf_greedy", "hf_prompt_lookup"])
+    assert [r["method"] for r in rows] == ["off", "ngram", "hf_greedy", "hf_prompt_lookup"]
+    for row in rows:
+        assert ROW_KEYS <= set(row)
+    off, ngram, hf_greedy, _ = rows
+    assert off["tokens_per_s"] == 20.0 and off["speedup_vs_off"] == 1.0
+    assert ngram["tokens_per_s"] == 40.0 and ngram["speedup_vs_off"] == 2.0
+    assert ngram["acceptance_rate"] == 0.25 and ngram["mean_accepted_length"] == 2.0
+    assert ngram["mean_block_len"] == 4.0 and ngram["tokens_identical_to_off"] == 1.0
+    assert off["acceptance_rate"] is None and off["mean_accepted_length"] is None
+    assert hf_greedy["speedup_vs_off"] == 1.25
+    assert all(r["anchor_speedup"] == 2.0 for r in rows)
+    # ngram: (1.0 - 0.1) / 19 - 0.9 / 20 per round
+    assert ngram["transport_overhead_ms_median"] == pytest.approx((0.9 / 19 - 0.045) * 1000, abs=0.01)
+    assert ngram["ttft_ms_median"] == 100.0
+
+
+def test_markdown_and_plot(tmp_path):
+    result = {"machine": {"cpu": "x", "cores": 2}, "model": "/m/smol", "dtype": "bfloat16", "date": "2025-01-01",
+              "config": {"repeats": 3}, "rows": report.build_rows(_samples())}
+    md = report.markdown(result)
+    assert "| copy | ngram | 40.0 | 2.00x |" in md
+    report.plot(tmp_path / "p.png", result)
+    assert (tmp_path / "p.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# --- the shipped workloads ---------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", DEFAULT_WORKLOADS)
+def test_workloads_ship_3_to_6_chat_prompts(name):
+    prompts = load_workload(name)
+    assert 3 <= len(prompts) <= 6
+    assert len({p.id for p in prompts}) == len(prompts)
+    for p in prompts:
+        assert p.text.startswith("<|im_start|>user\n") and p.text.endswith("<|im_start|>assistant\n")
+        assert 16 <= p.max_tokens <= 128
+    if name == "creative":
+        assert all(p.temperature == 1.0 and p.seed is not None for p in prompts)
+    if name == "long_prompt":
+        assert all(len(p.text) > 2000 and p.max_tokens <= 64 for p in prompts)  # about 1,500 tokens, short answers
+
+
+def test_long_prompt_file_is_what_its_generator_writes(tmp_path, monkeypatch):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("make_long", WORKLOAD_DIR / "make_long_prompt.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    shipped = (WORKLOAD_DIR / "long_prompt.jsonl").read_text()
+    monkeypatch.setattr(module, "__file__", str(tmp_path / "make_long_prompt.py"))
+    module.main()
+    assert (tmp_path / "long_prompt.jsonl").read_text() == shipped
+
+
+def test_quick_caps():
+    assert all(p.max_tokens <= 48 for p in load_workload("copy_heavy", 2, 48))
+    assert len(load_workload("copy_heavy", 2, 48)) == 2
+
+
+# --- end to end on the tiny models ------------------------------------------------------------------------------
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_tiny_run_writes_latest_json_md_png(tiny_pair, tmp_path):
+    from bench.run import main
+
+    target, _ = tiny_pair
+    out = tmp_path / "results"
+    assert main(["--model", str(target), "--out", str(out), "--quick", "--repeats", "1", "--workloads",
+                 "copy_heavy,chat", "--prompts-per-workload", "1", "--max-tokens", "8", "--no-progress",
+                 "--log-dir", str(tmp_path / "logs")]) == 0
+    latest = json.loads((out / "latest.json").read_text())
+    assert {"machine", "model", "dtype", "date", "rows"} <= set(latest)
+    assert latest["dtype"] == "bfloat16" and latest["model"] == str(target)
+    assert {(r["workload"], r["method"]) for r in latest["rows"]} == {
+        (w, m) for w in ("copy_heavy", "chat") for m in ("off", "ngram", "hf_greedy", "hf_prompt_lookup")}
+    for row in latest["rows"]:
+        assert ROW_KEYS <= set(row)
+        assert row["tokens_per_s"] > 0
+        assert row["anchor_speedup"] is not None and row["anchor_speedup"] > 0
+    off = [r for r in latest["rows"] if r["method"] == "off"]
+    assert all(r["speedup_vs_off"] == 1.0 and r["ttft_ms_median"] > 0 for r in off)
+    assert (out / "latest.md").read_text().startswith("# Benchmark")
+    assert (out / "latest.png").read_bytes()[:4] == b"\x89PNG"
+    runs = [p for p in out.glob("*.json") if p.name != "latest.json"]
+    assert len(runs) == 1 and "samples" in json.loads(runs[0].read_text())
+
+
+@pytest.mark.slow
+def test_advisor_on_tiny_pair(tiny_pair, capsys):
+    from bench.advise import main
+
+    target, draft = tiny_pair
+    prompts = str(WORKLOAD_DIR / "copy_heavy.jsonl")
+    assert main(["--target", str(target), "--draft", str(draft), "--prompts", prompts, "--max-prompts", "1",
+                 "--max-tokens", "8", "--context", "256", "--rho", "0.1"]) == 0
+    out = capsys.readouterr().out
+    assert "tokenizer: compatible" in out and "memory total" in out
+    assert "predicted" in out and "measured in-process" in out
+    assert "recommendation: " in out and any(w in out for w in ("USE IT", "DON'T"))
+    assert main(["--target", str(target), "--method", "ngram", "--prompts", prompts, "--max-prompts", "1",
+                 "--max-tokens", "8", "--context", "256", "--rho", "0.1", "--no-measure"]) == 0
+    assert "n-gram prompt lookup" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_advisor_refuses_a_draft_with_another_tokenizer(tiny_pair, tmp_path, capsys):
+    from bench.advise import main
+    from specdec.testing import build_other_tokenizer_model
+
+    other = build_other_tokenizer_model(tmp_path)
+    assert main(["--target", str(tiny_pair[0]), "--draft", str(other), "--prompts",
+                 str(WORKLOAD_DIR / "chat.jsonl"), "--context", "256"]) == 0
+    out = capsys.readouterr().out
+    assert "INCOMPATIBLE" in out and "recommendation: DON'T" in out
