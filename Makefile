@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 MODEL_DIR ?= $(or $(SPECDEC_MODEL_CACHE),$(CURDIR)/.cache/models)/smollm2-135m-instruct
 export PYTHONPATH := $(CURDIR)
 
-.PHONY: setup model proto proto-check proto-lint run test test-fast bench advise trace-ui deploy-check clean
+.PHONY: setup model proto proto-check proto-lint lint run test test-fast bench advise trace-ui deploy-check clean
 
 setup: $(STAMP)  ## create .venv and install the pinned dependencies (CPU torch)
 
@@ -34,7 +34,10 @@ proto-lint:  ## buf lint (needs npm; installs buf into .cache/buf)
 run: setup model  ## start the three services on the real model, send a demo request, keep running until Ctrl-C
 	$(PY) tools/run_stack.py --model $(MODEL_DIR)
 
-test: setup model proto-check  ## the whole suite (CI runs exactly this)
+lint: setup  ## ruff over the hand-written code
+	$(VENV)/bin/ruff check --select F,E,W --ignore E501 draft_service gateway verifier_service specdec tools bench tests
+
+test: setup model proto-check lint  ## the whole suite (CI runs exactly this)
 	$(PY) -m pytest -q
 
 test-fast: setup  ## the suite without slow (real-model, multi-process) tests

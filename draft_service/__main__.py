@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import sys
 
@@ -13,7 +12,8 @@ from draft_service.model_draft import ModelProposer
 from draft_service.ngram import NgramProposer
 from draft_service.server import DraftServicer
 from specdec import config as specdec_config
-from specdec import grpc_server, metrics, models, telemetry
+from specdec import grpc_server, models
+from specdec.service_main import run_main, serve_until_signal
 from specdec.v1 import draft_pb2, draft_pb2_grpc
 
 log = logging.getLogger("draft_service")
@@ -39,29 +39,12 @@ async def serve(server_cfg: specdec_config.ServerConfig, cfg: DraftConfig) -> No
         lambda server: draft_pb2_grpc.add_DraftServiceServicer_to_server(servicer, server),
         [draft_pb2.DESCRIPTOR.services_by_name["DraftService"].full_name],
     )
-    metrics_port = metrics.serve(server_cfg.metrics_port)
-    log.info("draft service (%s) serving on port %d; metrics on %s", cfg.method, running.port, metrics_port)
-    await grpc_server.wait_for_signal()
-    log.info("shutting down: NOT_SERVING, draining for up to %.0f s", server_cfg.grace_s)
-    await running.stop(server_cfg.grace_s)
+    await serve_until_signal(running, server_cfg, f"draft service ({cfg.method})")
 
 
 def main(argv: list[str] | None = None) -> int:
-    server_cfg, cfg = specdec_config.parse(
-        [specdec_config.ServerConfig, DraftConfig], "Draft service: proposes blocks of speculative tokens.", argv,
-        defaults=DEFAULTS, prog="python -m draft_service",
-    )
-    grpc_server.setup_logging(server_cfg.log_level)
-    torch.set_grad_enabled(False)
-    provider = telemetry.setup_tracing("specdec-draft")
-    try:
-        asyncio.run(serve(server_cfg, cfg))
-    except (models.ModelLoadError, grpc_server.ConfigError) as exc:
-        log.error("%s", exc)
-        return 2
-    finally:
-        provider.shutdown()
-    return 0
+    return run_main("python -m draft_service", "Draft service: proposes blocks of speculative tokens.", DraftConfig,
+                    DEFAULTS, "specdec-draft", serve, argv, before=lambda _cfg: torch.set_grad_enabled(False))
 
 
 if __name__ == "__main__":

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import sys
 
@@ -11,7 +10,8 @@ from gateway.config import GatewayConfig
 from gateway.server import GatewayServicer
 from gateway.validation import ModelLimits
 from specdec import config as specdec_config
-from specdec import grpc_server, metrics, models, telemetry
+from specdec import grpc_server, models
+from specdec.service_main import run_main, serve_until_signal
 from specdec.v1 import draft_pb2, draft_pb2_grpc, gateway_pb2, gateway_pb2_grpc, verifier_pb2, verifier_pb2_grpc
 
 log = logging.getLogger("gateway")
@@ -71,30 +71,13 @@ async def serve(server_cfg: specdec_config.ServerConfig, cfg: GatewayConfig) -> 
         [gateway_pb2.DESCRIPTOR.services_by_name["Gateway"].full_name],
         interceptors=[ApiKeyInterceptor(keys)] if keys else [],
     )
-    metrics_port = metrics.serve(server_cfg.metrics_port)
-    log.info("gateway serving on port %d (verifier %s, auth %s); metrics on %s", running.port, cfg.verifier,
-             "on" if keys else "off", metrics_port)
-    await grpc_server.wait_for_signal()
-    log.info("shutting down: NOT_SERVING, draining for up to %.0f s", server_cfg.grace_s)
-    await running.stop(server_cfg.grace_s)
+    await serve_until_signal(running, server_cfg, f"gateway (verifier {cfg.verifier}, auth {'on' if keys else 'off'})")
     await channel.close()
 
 
 def main(argv: list[str] | None = None) -> int:
-    server_cfg, cfg = specdec_config.parse(
-        [specdec_config.ServerConfig, GatewayConfig], "Gateway: the public specdec.v1.Gateway API.", argv,
-        defaults=DEFAULTS, prog="python -m gateway",
-    )
-    grpc_server.setup_logging(server_cfg.log_level)
-    provider = telemetry.setup_tracing("specdec-gateway")
-    try:
-        asyncio.run(serve(server_cfg, cfg))
-    except (models.ModelLoadError, grpc_server.ConfigError, PeerError) as exc:
-        log.error("%s", exc)
-        return 2
-    finally:
-        provider.shutdown()
-    return 0
+    return run_main("python -m gateway", "Gateway: the public specdec.v1.Gateway API.", GatewayConfig, DEFAULTS,
+                    "specdec-gateway", serve, argv, fatal=(PeerError,))
 
 
 if __name__ == "__main__":

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import sys
 
 import torch
 
 from specdec import config as specdec_config
-from specdec import grpc_server, metrics, models, telemetry
+from specdec import grpc_server, models
+from specdec.service_main import run_main, serve_until_signal
 from specdec.v1 import verifier_pb2, verifier_pb2_grpc
 from verifier_service.config import VerifierConfig
 from verifier_service.draft_client import DraftIncompatible, DraftLink, DraftUnavailable
@@ -48,31 +48,19 @@ async def serve(server_cfg: specdec_config.ServerConfig, cfg: VerifierConfig) ->
         lambda server: verifier_pb2_grpc.add_VerifierServiceServicer_to_server(servicer, server),
         [verifier_pb2.DESCRIPTOR.services_by_name["VerifierService"].full_name],
     )
-    metrics_port = metrics.serve(server_cfg.metrics_port)
-    log.info("verifier serving %s on port %d; metrics on %s", cfg.model, running.port, metrics_port)
-    await grpc_server.wait_for_signal()
-    log.info("shutting down: NOT_SERVING, draining for up to %.0f s", server_cfg.grace_s)
-    await running.stop(server_cfg.grace_s)
+    await serve_until_signal(running, server_cfg, f"verifier ({cfg.model})")
 
 
-def main(argv: list[str] | None = None) -> int:
-    server_cfg, cfg = specdec_config.parse(
-        [specdec_config.ServerConfig, VerifierConfig], "Verifier service: the target model and the rounds.", argv,
-        defaults=DEFAULTS, prog="python -m verifier_service",
-    )
-    grpc_server.setup_logging(server_cfg.log_level)
+def set_up_torch(cfg: VerifierConfig) -> None:
     torch.set_grad_enabled(False)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    provider = telemetry.setup_tracing("specdec-verifier")
-    try:
-        asyncio.run(serve(server_cfg, cfg))
-    except (models.ModelLoadError, grpc_server.ConfigError, DraftIncompatible) as exc:
-        log.error("%s", exc)
-        return 2
-    finally:
-        provider.shutdown()
-    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_main("python -m verifier_service", "Verifier service: the target model and the rounds.",
+                    VerifierConfig, DEFAULTS, "specdec-verifier", serve, argv, fatal=(DraftIncompatible,),
+                    before=set_up_torch)
 
 
 if __name__ == "__main__":

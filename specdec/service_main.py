@@ -1,0 +1,50 @@
+"""What every service's `python -m X` does: parse config, set up logging and tracing, serve until a signal."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import typing
+
+from specdec import config as specdec_config
+from specdec import grpc_server, metrics, models, telemetry
+
+log = logging.getLogger(__name__)
+
+
+async def serve_until_signal(running: grpc_server.RunningServer, server_cfg: specdec_config.ServerConfig,
+                             what: str) -> None:
+    """Expose /metrics, log where we serve, then on SIGINT/SIGTERM: NOT_SERVING, drain, stop."""
+    metrics_port = metrics.serve(server_cfg.metrics_port)
+    log.info("%s serving on port %d; metrics on %s", what, running.port, metrics_port)
+    await grpc_server.wait_for_signal()
+    log.info("shutting down: NOT_SERVING, draining for up to %.0f s", server_cfg.grace_s)
+    await running.stop(server_cfg.grace_s)
+
+
+def run_main(
+    prog: str,
+    description: str,
+    config_type: type,
+    defaults: dict,
+    service_name: str,
+    serve: typing.Callable[[specdec_config.ServerConfig, typing.Any], typing.Awaitable[None]],
+    argv: list[str] | None = None,
+    fatal: tuple[type[BaseException], ...] = (),
+    before: typing.Callable[[typing.Any], None] | None = None,
+) -> int:
+    """Parse flags/env into (ServerConfig, config_type), run `serve`; exit 2 with one line on a start-up error."""
+    server_cfg, cfg = specdec_config.parse([specdec_config.ServerConfig, config_type], description, argv,
+                                           defaults=defaults, prog=prog)
+    grpc_server.setup_logging(server_cfg.log_level)
+    if before is not None:
+        before(cfg)
+    provider = telemetry.setup_tracing(service_name)
+    try:
+        asyncio.run(serve(server_cfg, cfg))
+    except (models.ModelLoadError, grpc_server.ConfigError, *fatal) as exc:
+        logging.getLogger(prog).error("%s", exc)
+        return 2
+    finally:
+        provider.shutdown()
+    return 0
