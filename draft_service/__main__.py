@@ -42,9 +42,15 @@ async def serve(server_cfg: specdec_config.ServerConfig, cfg: DraftConfig) -> No
     await serve_until_signal(running, server_cfg, f"draft service ({cfg.method})")
 
 
+def set_up_torch(cfg: DraftConfig) -> None:
+    torch.set_grad_enabled(False)
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+
+
 def main(argv: list[str] | None = None) -> int:
     return run_main("python -m draft_service", "Draft service: proposes blocks of speculative tokens.", DraftConfig,
-                    DEFAULTS, "specdec-draft", serve, argv, before=lambda _cfg: torch.set_grad_enabled(False))
+                    DEFAULTS, "specdec-draft", serve, argv, before=set_up_torch)
 
 
 if __name__ == "__main__":

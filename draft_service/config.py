@@ -15,6 +15,7 @@ class DraftConfig:
     method: str = option("ngram", "proposer", choices=["model", "ngram"])
     device: str = option("cpu", "torch device for the draft model", choices=["cpu", "cuda"])
     dtype: str = option("float32", "draft model dtype", choices=["float32", "bfloat16", "float16"])
+    threads: int = option(0, "torch CPU threads for the draft model (0 keeps torch's default)")
     ngram_min: int = option(1, "shortest n-gram the lookup matches")
     ngram_max: int = option(4, "longest n-gram the lookup matches")
     max_sequences: int = option(256, "live sequences at most; more get RESOURCE_EXHAUSTED")

@@ -19,7 +19,7 @@ class ModelSequence(DraftSequence):
         self.sampling = sampling
         self.return_probs = return_probs and not sampling.greedy
         # The draft's own random stream, seeded apart from the verifier's.
-        self.generator = make_generator(None if sampling.seed is None else sampling.seed + 1)
+        self.generator = make_generator(None if sampling.seed is None else (sampling.seed + 1) % 2**64)
         self.cache = new_cache(model)
         self.cached_length = 0
         super().__init__(prompt_ids)

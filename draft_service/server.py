@@ -86,6 +86,10 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
         if any(t < 0 or t >= self.info.vocab_size for t in block.append_token_ids):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                 f"next.append_token_ids must be in [0, {self.info.vocab_size})")
+        if block.keep_length > len(sequence.tokens):
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                                f"next.keep_length {block.keep_length} is past the draft's sequence length "
+                                f"{len(sequence.tokens)}")
         longest = self._max_tokens()
         if block.keep_length + len(block.append_token_ids) + block.num_tokens > longest:
             await context.abort(grpc.StatusCode.OUT_OF_RANGE,

@@ -34,9 +34,10 @@ async def check_peers(cfg: GatewayConfig, channel, server_cfg, tokenizer_info):
         raise PeerError(f"the verifier at {cfg.verifier} did not answer within {cfg.peer_wait_s:.0f} s "
                         f"({exc.code().name}); start it first or fix --verifier") from exc
     target = reply.info
-    problem = models.tokenizer_mismatch(target, tokenizer_info)
+    problem = models.tokenizer_mismatch(target, tokenizer_info, role="the gateway's --model",
+                                        target_role="the verifier")
     if problem:
-        raise PeerError(f"the gateway's --model tokenizer differs from the verifier's: {problem}")
+        raise PeerError(problem)
     if cfg.draft:
         draft_channel = grpc_server.open_channel(cfg.draft, server_cfg)
         try:

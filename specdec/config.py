@@ -102,7 +102,10 @@ class ServerConfig:
     metrics_port: int = option(-1, "Prometheus /metrics port (-1 turns it off)")
     tls_cert: str = option("", "PEM server certificate; with --tls-key, serves TLS")
     tls_key: str = option("", "PEM private key for --tls-cert")
-    tls_ca: str = option("", "PEM CA: requires client certificates (mTLS) and verifies peers")
+    tls_ca: str = option("", "PEM CA: verifies peers and, unless --tls-require-client-cert false, requires "
+                                 "client certificates (mTLS)")
+    tls_require_client_cert: bool = option(True, "with --tls-ca, require client certificates on this server "
+                                                 "(set false on the gateway for TLS-only public clients)")
     max_message_mb: int = option(16, "largest gRPC message accepted, in MiB")
     log_level: str = option("INFO", "logging level", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     grace_s: float = option(5.0, "seconds to drain in-flight calls on shutdown")

@@ -50,7 +50,7 @@ def server_credentials(config: ServerConfig) -> grpc.ServerCredentials | None:
     return grpc.ssl_server_credentials(
         [(_read(config.tls_key, "--tls-key"), _read(config.tls_cert, "--tls-cert"))],
         root_certificates=ca,
-        require_client_auth=ca is not None,
+        require_client_auth=ca is not None and config.tls_require_client_cert,
     )
 
 
@@ -69,7 +69,9 @@ def open_channel(target: str, config: ServerConfig) -> grpc.aio.Channel:
     options = message_options(config) + [("grpc.enable_retries", 1), ("grpc.keepalive_time_ms", 30_000),
                                          ("grpc.initial_reconnect_backoff_ms", 250),
                                          ("grpc.min_reconnect_backoff_ms", 250),
-                                         ("grpc.max_reconnect_backoff_ms", 2_000)]
+                                         ("grpc.max_reconnect_backoff_ms", 2_000),
+                                         # behind a headless Service, each call (a whole sequence) picks a replica
+                                         ("grpc.lb_policy_name", "round_robin")]
     credentials = channel_credentials(config)
     interceptors = telemetry.client_interceptors()
     if credentials is None:

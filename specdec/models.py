@@ -90,8 +90,9 @@ def describe(name: str, tokenizer, model=None) -> common_pb2.ModelInfo:
     )
 
 
-def tokenizer_mismatch(target: common_pb2.ModelInfo, draft: common_pb2.ModelInfo) -> str | None:
-    """None when the draft may pair with the target, else what differs, in words."""
+def tokenizer_mismatch(target: common_pb2.ModelInfo, draft: common_pb2.ModelInfo, role: str = "the draft",
+                       target_role: str = "the target") -> str | None:
+    """None when `role` (the draft, by default) may pair with the target, else what differs, in words."""
     if target.tokenizer_fingerprint == draft.tokenizer_fingerprint:
         return None
     differences = [f"fingerprint {draft.tokenizer_fingerprint} != {target.tokenizer_fingerprint}"]
@@ -102,7 +103,7 @@ def tokenizer_mismatch(target: common_pb2.ModelInfo, draft: common_pb2.ModelInfo
     if list(target.eos_token_ids) != list(draft.eos_token_ids):
         differences.append(f"EOS ids {list(draft.eos_token_ids)} != {list(target.eos_token_ids)}")
     return (
-        f"the draft ({draft.model}) does not share the target's tokenizer ({target.model}): "
+        f"{role} ({draft.model}) does not share {target_role}'s tokenizer ({target.model}): "
         + "; ".join(differences)
         + ". Speculative decoding needs one tokenizer: pick a draft from the target's model family."
     )

@@ -86,5 +86,5 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServiceServicer):
             await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED,
                                 f"request {request_id}: no progress for {self.config.sequence_ttl_s:g} s "
                                 "(--sequence-ttl-s; the client stopped reading?); its sequence was dropped")
-        except Exception:  # noqa: BLE001 (abort raises by design; a finished call raises too)
-            pass
+        except Exception as exc:  # noqa: BLE001 (abort raises by design; a finished call raises too)
+            log.debug("request %s: reaped call ended: %r", request_id, exc)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import concurrent.futures
 import datetime
 import ipaddress
-import os
 import pathlib
 import re
 import threading
@@ -118,13 +117,14 @@ def scrape(service: Service) -> str:
 
 
 def gauge(service: Service, name: str = "specdec_live_sequences") -> float:
-    match = re.search(rf"^{name} (\S+)$", scrape(service), re.M)
+    match = re.search(rf"^{name} (\S+)$", scrape(service), re.MULTILINE)
     return float(match.group(1)) if match else float("nan")
 
 
 def counter(service: Service, name: str) -> float:
     """Sum of all samples of a counter (every label set)."""
-    return sum(float(v) for v in re.findall(rf"^{name}_total(?:{{[^}}]*}})? (\S+)$", scrape(service), re.M))
+    samples = re.findall(rf"^{name}_total(?:{{[^}}]*}})? (\S+)$", scrape(service), re.MULTILINE)
+    return sum(float(v) for v in samples)
 
 
 def wait_for(predicate, timeout_s: float, interval_s: float = 0.1) -> bool:
@@ -139,7 +139,7 @@ def wait_for(predicate, timeout_s: float, interval_s: float = 0.1) -> bool:
 def rss_mib(pid: int) -> float:
     """VmRSS from /proc/PID/status, in MiB."""
     text = pathlib.Path(f"/proc/{pid}/status").read_text()
-    return int(re.search(r"^VmRSS:\s+(\d+) kB", text, re.M).group(1)) / 1024
+    return int(re.search(r"^VmRSS:\s+(\d+) kB", text, re.MULTILINE).group(1)) / 1024
 
 
 # ---------------------------------------------------------------- TLS
@@ -156,7 +156,7 @@ class Certs:
 
         self.dir = out_dir
         out_dir.mkdir(parents=True, exist_ok=True)
-        now = datetime.datetime.now(datetime.timezone.utc)
+        now = datetime.datetime.now(datetime.UTC)
 
         def name(common_name):
             return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
@@ -232,7 +232,7 @@ class OtlpReceiver(trace_service_pb2_grpc.TraceServiceServicer):
         self.port = self.server.add_insecure_port("127.0.0.1:0")
         self.server.start()
 
-    def Export(self, request, context):  # noqa: N802 (gRPC method name)
+    def Export(self, request, context):
         with self._lock:
             self.exports.append(request.SerializeToString())
         return trace_service_pb2.ExportTraceServiceResponse()
@@ -269,5 +269,21 @@ def authed_channel(address: str, key: str = API_KEY, options=None) -> grpc.Chann
     return grpc.intercept_channel(grpc.insecure_channel(address, options=options), ApiKey(key))
 
 
-__all__ = ["API_KEY", "PROMPT_CANARY", "LONG_PROMPT", "Stack", "Certs", "OtlpReceiver", "ApiKey", "authed_channel",
-           "scrape", "gauge", "counter", "wait_for", "rss_mib", "wait_exit", "free_port", "Service", "os"]
+__all__ = [
+    "API_KEY",
+    "LONG_PROMPT",
+    "PROMPT_CANARY",
+    "ApiKey",
+    "Certs",
+    "OtlpReceiver",
+    "Service",
+    "Stack",
+    "authed_channel",
+    "counter",
+    "free_port",
+    "gauge",
+    "rss_mib",
+    "scrape",
+    "wait_exit",
+    "wait_for",
+]

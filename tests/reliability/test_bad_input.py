@@ -17,8 +17,15 @@ from gateway.validation import InvalidRequest as GatewayInvalid
 from gateway.validation import ModelLimits, check_generate_request
 from specdec import limits
 from specdec.testing import build_other_tokenizer_model
-from specdec.v1 import common_pb2, draft_pb2, draft_pb2_grpc, gateway_pb2, gateway_pb2_grpc, verifier_pb2
-from specdec.v1 import verifier_pb2_grpc
+from specdec.v1 import (
+    common_pb2,
+    draft_pb2,
+    draft_pb2_grpc,
+    gateway_pb2,
+    gateway_pb2_grpc,
+    verifier_pb2,
+    verifier_pb2_grpc,
+)
 from tests.reliability.support import Service, gauge, wait_exit, wait_for
 from verifier_service.validation import InvalidRequest as VerifierInvalid
 from verifier_service.validation import check_decode_request
@@ -152,7 +159,12 @@ def _assert_status(raised, code, words):
 @pytest.mark.parametrize("streaming", [False, True], ids=["Generate", "GenerateStream"])
 def test_gateway_rejects_each_bad_field(gateway_channel, streaming):
     stub = gateway_pb2_grpc.GatewayStub(gateway_channel)
-    call = (lambda r: list(stub.GenerateStream(r, timeout=30))) if streaming else (lambda r: stub.Generate(r, timeout=30))
+    if streaming:
+        def call(r):
+            return list(stub.GenerateStream(r, timeout=30))
+    else:
+        def call(r):
+            return stub.Generate(r, timeout=30)
     for field, request in GATEWAY_BAD + GATEWAY_BAD_AT_VERIFIER:
         with pytest.raises(grpc.RpcError) as raised:
             call(request)
@@ -194,7 +206,7 @@ def test_draft_rejects_each_bad_stream(main_stack):
 
 
 def _raw_call(channel, kind: str, method: str, payload: bytes, metadata=()):
-    identity = dict(request_serializer=None, response_deserializer=None)
+    identity = {"request_serializer": None, "response_deserializer": None}
     if kind == "unary":
         return channel.unary_unary(method, **identity)(payload, timeout=60, metadata=metadata)
     if kind == "stream":
@@ -252,9 +264,11 @@ def test_mismatched_tokenizers_refuse_to_start(main_stack, tiny_pair, tmp_path):
             code = wait_exit(service.process, 200)
             log = service.log()
             assert code == 2, f"{name}: exit {code}\n{log[-2000:]}"
-            assert "does not share the target's tokenizer" in log, f"{name}:\n{log[-2000:]}"
+            assert "does not share" in log and "tokenizer" in log, f"{name}:\n{log[-2000:]}"
             assert "vocabulary size 300 != 320" in log, f"{name}:\n{log[-2000:]}"
-        assert "differs from the verifier's" in processes["gateway with the other tokenizer"].log()
+            print(f"figure: {name}: exit {code}:", next(line for line in log.splitlines() if "ERROR" in line))
+        assert "the gateway's --model" in processes["gateway with the other tokenizer"].log()
+        assert "does not share the verifier's tokenizer" in processes["gateway with the other tokenizer"].log()
     finally:
         for service in [*processes.values(), draft]:
             service.stop()

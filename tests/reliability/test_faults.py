@@ -119,6 +119,8 @@ def test_idle_sequence_is_dropped_after_the_ttl(stack):
         assert raised.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
         assert "--sequence-ttl-s" in raised.value.details()
         assert time.monotonic() - resumed < 5
+        print(f"figure: idle sequence dropped {dropped_after:.1f} s after the client stopped reading "
+              f"(TTL {TTL_S} s); status reached the client {time.monotonic() - resumed:.3f} s after it read again")
 
 
 def test_draft_killed_mid_stream_request_completes_identically(stack, gateway, reference):
@@ -133,6 +135,8 @@ def test_draft_killed_mid_stream_request_completes_identically(stack, gateway, r
     assert tokens == reference
     assert last.finish_reason == common_pb2.FINISH_REASON_LENGTH
     assert last.speculation.num_fallback_rounds > 0
+    print(f"figure: draft killed mid-stream: {len(tokens)} tokens identical to the fault-free run, "
+          f"{last.speculation.num_fallback_rounds} of {last.speculation.num_rounds} rounds fell back")
     # with the draft gone, new requests still work (plain decoding)
     after = gateway.Generate(LONG, timeout=120)
     assert list(after.token_ids) == reference
@@ -149,7 +153,9 @@ def test_speculation_resumes_after_the_draft_restarts_on_the_same_port(stack, ga
         return response.speculation.num_draft_tokens > 0
 
     # the shared back-off is 5 s at most, and the channel retries the connection every 2 s at most
+    restarted = time.monotonic()
     assert wait_for(speculating, 30, interval_s=0.5), stack.verifier.log()[-3000:]
+    print(f"figure: speculation resumed {time.monotonic() - restarted:.1f} s after the draft served again")
     response = gateway.Generate(LONG, timeout=120)
     assert list(response.token_ids) == reference and response.speculation.num_draft_tokens > 0
 
@@ -164,6 +170,9 @@ def test_slow_draft_falls_back_and_stays_lossless(stack, gateway, reference):
     assert response.speculation.num_fallback_rounds > 0
     # the back-off keeps most rounds from waiting for the slow draft
     assert elapsed < 60 * DRAFT_TIMEOUT_MS / 1000 / 2, elapsed
+    print(f"figure: slow draft ({DRAFT_TIMEOUT_MS * 3} ms > {DRAFT_TIMEOUT_MS} ms timeout): 60 tokens identical, "
+          f"{response.speculation.num_fallback_rounds}/{response.speculation.num_rounds} rounds fell back, "
+          f"{elapsed:.2f} s")
 
 
 def test_verifier_killed_clients_get_unavailable_quickly(stack, gateway):
@@ -192,5 +201,7 @@ def test_verifier_killed_clients_get_unavailable_quickly(stack, gateway):
     assert raised.value.code() == grpc.StatusCode.UNAVAILABLE
     assert "verifier" in raised.value.details()
     assert time.monotonic() - started < 5
+    print(f"figure: verifier killed: in-flight streams got UNAVAILABLE after "
+          f"{max(ended) - killed:.2f} s, a new request after {time.monotonic() - started:.3f} s")
     # the gateway itself is still up and says so
     assert stack.gateway.process.poll() is None

@@ -31,7 +31,7 @@ def test_32_concurrent_streams_all_complete(main_stack, tmp_path):
         [sys.executable, str(REPO_ROOT / "tools" / "loadtest.py"), "--addr", main_stack.gateway.address,
          "--requests", str(REQUESTS), "--concurrency", str(CONCURRENCY), "--max-tokens", "24",
          "--api-key", API_KEY, "--timeout", "180", "--out", str(out), *pids],
-        cwd=REPO_ROOT, capture_output=True, text=True, timeout=400,
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=400, check=False,
         env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     report = json.loads(out.read_text())

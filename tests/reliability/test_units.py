@@ -90,7 +90,7 @@ def test_a_request_the_draft_refuses_does_not_back_off_everyone():
         assert not link.available()
         assert not link.checked, "after a failure, whatever answers next gets its tokenizer checked again"
         link.backoff.succeeded()
-        link.failed(asyncio.TimeoutError())
+        link.failed(TimeoutError())
         assert not link.available()
         await link.close()
     asyncio.run(scenario())
