@@ -179,47 +179,68 @@ def step_time(model, context: int, trials: int = 10) -> float:
     return statistics.median(times[2:] or times)
 
 
-def measured_speedup(target, draft, tokenizer, prompts: list[Prompt], k: int, eos) -> float:
-    """HF plain greedy vs HF assisted generation (prompt lookup or the draft model) at k, summed over prompts."""
+def measured_speedup(target, draft, tokenizer, prompts: list[Prompt], ks: list[int], eos,
+                     repeats: int = 2) -> dict[int, float]:
+    """HF plain greedy vs HF assisted generation (prompt lookup or the draft model) at each k.
+
+    Per repeat, every prompt runs plain and each k back to back (order rotated), and the speedup is the
+    summed tokens over summed time against plain; the median over repeats is returned per k.
+    """
     import torch
 
     pad = eos if isinstance(eos, int) else eos[0]
     common = {"do_sample": False, "temperature": None, "top_p": None, "top_k": None, "eos_token_id": eos,
               "pad_token_id": pad}
-    if draft is None:
-        assisted = {"prompt_lookup_num_tokens": k}
-    else:
-        assisted = {"assistant_model": draft, "num_assistant_tokens": k,
-                    "num_assistant_tokens_schedule": "constant", "assistant_confidence_threshold": 0.0}
-    timings = {"plain": [0.0, 0], "assisted": [0.0, 0]}
-    for prompt in prompts:
-        ids = tokenizer(prompt.text, return_tensors="pt", add_special_tokens=False)["input_ids"]
-        for name, extra in (("plain", {}), ("assisted", assisted)):
-            started = time.perf_counter()
-            with torch.inference_mode():
-                out = target.generate(ids, max_new_tokens=prompt.max_tokens, **common, **extra)
-            timings[name][0] += time.perf_counter() - started
-            timings[name][1] += out.shape[1] - ids.shape[1]
-    plain = timings["plain"][1] / timings["plain"][0]
-    assisted_tps = timings["assisted"][1] / timings["assisted"][0]
-    return assisted_tps / plain
+
+    def assisted(k: int) -> dict:
+        if draft is None:
+            return {"prompt_lookup_num_tokens": k}
+        return {"assistant_model": draft, "num_assistant_tokens": k, "num_assistant_tokens_schedule": "constant",
+                "assistant_confidence_threshold": 0.0}
+
+    variants = [("plain", {})] + [(k, assisted(k)) for k in ks]
+    ratios: dict[int, list[float]] = {k: [] for k in ks}
+    for repeat in range(repeats):
+        tokens = {name: 0 for name, _ in variants}
+        wall = {name: 0.0 for name, _ in variants}
+        for index, prompt in enumerate(prompts):
+            ids = tokenizer(prompt.text, return_tensors="pt", add_special_tokens=False)["input_ids"]
+            shift = (repeat + index) % len(variants)
+            for name, extra in variants[shift:] + variants[:shift]:
+                started = time.perf_counter()
+                with torch.inference_mode():
+                    out = target.generate(ids, max_new_tokens=prompt.max_tokens, **common, **extra)
+                wall[name] += time.perf_counter() - started
+                tokens[name] += out.shape[1] - ids.shape[1]
+        plain = tokens["plain"] / wall["plain"]
+        for k in ks:
+            ratios[k].append(tokens[k] / wall[k] / plain)
+    return {k: statistics.median(values) for k, values in ratios.items()}
 
 
-def recommend(mismatch: str | None, table: list[dict], default_k: int, measured: float | None) -> str:
+def recommend(mismatch: str | None, table: list[dict], default_k: int, measured: dict[int, float] | None) -> str:
+    """DON'T / USE IT / USE IT WITH k = N. Measured speedups, where there are any, overrule the prediction."""
     if mismatch:
         return "DON'T: the draft cannot pair with the target (different tokenizers)."
     best = max(table, key=lambda row: row["predicted"])
-    default = next((row for row in table if row["k"] == default_k), None)
     if best["predicted"] < 1.05:
         return (f"DON'T: predicted speedup at best {best['predicted']:.2f}x (k = {best['k']}): acceptance "
                 f"alpha = {best['alpha']:.2f} is too low for the draft's cost c = {best['c']:.3f} and rho.")
-    if measured is not None and measured < 1.0:
-        return (f"DON'T: predicted {best['predicted']:.2f}x at k = {best['k']}, but measured {measured:.2f}x in-process "
-                "(the block's verify cost or the draft's cost is higher than the model assumes).")
+    if measured:
+        k_best = max(measured, key=measured.get)
+        if measured[k_best] < 1.0:
+            shown = ", ".join(f"{v:.2f}x at k = {k}" for k, v in sorted(measured.items()))
+            return (f"DON'T: predicted {best['predicted']:.2f}x at k = {best['k']}, but measured in-process {shown} "
+                    "(verifying a block or running the draft costs more than the model assumes on this machine).")
+        if default_k in measured and measured[default_k] >= 0.97 * measured[k_best]:
+            return (f"USE IT (measured {measured[default_k]:.2f}x at the server's default k = {default_k}, "
+                    f"within 3% of the best).")
+        return f"USE IT WITH k = {k_best} (measured {measured[k_best]:.2f}x; default k = {default_k}: " \
+               f"{measured[default_k]:.2f}x)." if default_k in measured else f"USE IT WITH k = {k_best}."
+    default = next((row for row in table if row["k"] == default_k), None)
     if default is not None and default["predicted"] >= 0.97 * best["predicted"]:
-        return f"USE IT (the server's default k = {default_k} is within 3% of the best, k = {best['k']})."
-    return f"USE IT WITH k = {best['k']} (predicted {best['predicted']:.2f}x; the default k = {default_k} gives " \
-           f"{default['predicted']:.2f}x)." if default else f"USE IT WITH k = {best['k']}."
+        return f"USE IT (the server's default k = {default_k} is within 3% of the best predicted, k = {best['k']})."
+    return f"USE IT WITH k = {best['k']} (predicted {best['predicted']:.2f}x)."
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -283,14 +304,19 @@ def main(argv: list[str] | None = None) -> int:
     target_step = step_time(target, context)
     if draft is None:
         propose = ngram_proposer()
-        started = time.perf_counter()
-        calls = 0
-        for prompt_ids, continuation in runs:
-            for cut in range(len(continuation)):
-                propose(prompt_ids + continuation[:cut], args.default_k)
+        from draft_service.ngram import NgramSequence
+
+        lookup_s, calls = 0.0, 0
+        for prompt_ids, continuation in runs:  # the service's incremental cost: propose, roll back, append
+            sequence = NgramSequence(prompt_ids, 1, 4)
+            for token in continuation:
+                keep = len(sequence.tokens)
+                started = time.perf_counter()
+                sequence.propose(args.default_k)
+                sequence.update(keep, [token])
+                lookup_s += time.perf_counter() - started
                 calls += 1
-        # Rebuilding the index costs more than the service's incremental lookup: an upper bound.
-        c = (time.perf_counter() - started) / max(1, calls) / max(1, args.default_k) / target_step
+        c = lookup_s / max(1, calls) / max(1, args.default_k) / target_step
     else:
         c = step_time(draft, context) / target_step
         propose = model_proposer(draft, max(K_VALUES))
@@ -298,29 +324,39 @@ def main(argv: list[str] | None = None) -> int:
           f"c = {c:.3f}; rho = {rho:.3f} from {rho_source}")
 
     table = []
-    for k in K_VALUES:
+    for k in sorted({*K_VALUES, args.default_k}):
         totals = {"rounds": 0, "drafts": 0, "drafted": 0, "accepted": 0, "tokens": 0}
         for prompt_ids, continuation in runs:
             for key, value in simulate(prompt_ids, continuation, k, propose).items():
                 totals[key] += value
         rate = totals["accepted"] / totals["drafted"] if totals["drafted"] else 0.0
-        k_eff = totals["drafted"] / totals["rounds"] if totals["rounds"] else 0.0
-        alpha = speedup_model.alpha_from_rate(rate, k)
+        k_eff = totals["drafted"] / totals["rounds"] if totals["rounds"] else 0.0  # over all rounds
+        block = totals["drafted"] / totals["drafts"] if totals["drafts"] else 0.0  # over drafted rounds
+        alpha = speedup_model.alpha_from_rate(rate, block)
         # E measured directly (tokens per round, rounds without a proposal included), the model's cost per round.
         e_measured = totals["tokens"] / totals["rounds"] if totals["rounds"] else 1.0
         predicted = e_measured / (k_eff * c + 1 + rho)
         table.append({"k": k, "acceptance_rate": rate, "alpha": alpha, "E": e_measured, "k_eff": k_eff, "c": c,
-                      "predicted": predicted, "model": speedup_model.predicted_speedup(alpha, k, c, rho)})
-    print("\n  k | acceptance | alpha | tokens/round | mean block | predicted S | model S(alpha,k)")
+                      "predicted": predicted, "model": speedup_model.predicted_speedup(alpha, block, c, rho),
+                      "block": block, "no_proposal_share": 1 - totals["drafts"] / max(1, totals["rounds"])})
+    print("\n  k | acceptance | alpha | block | rounds w/o draft | tokens/round | predicted S | model S(alpha, block)")
     for row in table:
-        print(f"  {row['k']:>2} | {row['acceptance_rate']:>10.2f} | {row['alpha']:>5.2f} | {row['E']:>12.2f} | "
-              f"{row['k_eff']:>10.2f} | {row['predicted']:>10.2f}x | {row['model']:>8.2f}x")
+        print(f"  {row['k']:>2} | {row['acceptance_rate']:>10.2f} | {row['alpha']:>5.2f} | {row['block']:>5.2f} | "
+              f"{row['no_proposal_share']:>16.0%} | {row['E']:>12.2f} | {row['predicted']:>10.2f}x | "
+              f"{row['model']:>8.2f}x")
+    print("  (predicted S = tokens/round / (k_eff c + 1 + rho), rounds without a draft counted; model S assumes "
+          "every round drafts a full block)")
     best = max(table, key=lambda row: row["predicted"])
+    print()
     measured = None
     if not args.no_measure:
-        measured = measured_speedup(target, draft, target_tok, prompts, best["k"], eos)
-        print(f"\nmeasured in-process (HF {'prompt lookup' if draft is None else 'assisted generation'} at "
-              f"k = {best['k']} vs plain greedy): {measured:.2f}x; predicted {best['predicted']:.2f}x")
+        ks = sorted({best["k"], args.default_k})
+        measured = measured_speedup(target, draft, target_tok, prompts, ks, eos)
+        for k in ks:
+            predicted = next(row["predicted"] for row in table if row["k"] == k)
+            print(f"measured in-process (HF {'prompt lookup' if draft is None else 'assisted generation'} at "
+                  f"k = {k} vs plain greedy, median of 2 interleaved passes): {measured[k]:.2f}x; "
+                  f"predicted {predicted:.2f}x")
     print("\nrecommendation: " + recommend(None, table, args.default_k, measured))
     return 0
 

@@ -194,7 +194,7 @@ def plot(path: pathlib.Path, result: dict) -> None:
     ax.set_ylim(0, max(top, 1.5))
     ax.set_title("Measured speedup vs acceptance, beside S = E/(k c + 1 + rho)")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="upper left")
+    ax.legend(fontsize=7, loc="best")
 
     workloads = list(dict.fromkeys(r["workload"] for r in result["rows"]))
     methods = [m for m in dict.fromkeys(r["method"] for r in result["rows"]) if m != OFF]

@@ -89,10 +89,7 @@ def run(args: argparse.Namespace) -> dict:
     max_tokens = args.max_tokens or (48 if args.quick else None)
     fixed_ks = [int(k) for k in args.fixed_k.split(",") if k.strip()]
     started_run = time.monotonic()
-    env = {}
-    if args.omp_wait_policy != "inherit":
-        env["OMP_WAIT_POLICY"] = args.omp_wait_policy
-        os.environ["OMP_WAIT_POLICY"] = args.omp_wait_policy  # the anchor (torch is not imported yet)
+    env = {} if args.omp_wait_policy == "inherit" else {"OMP_WAIT_POLICY": args.omp_wait_policy}
     machine = machine_info(args.threads, os.environ.get("OMP_WAIT_POLICY", "default"))
 
     tokenizer = load_tokenizer(args.model)
@@ -193,6 +190,12 @@ def main(argv: list[str] | None = None) -> int:
     # SIGTERM unwinds like Ctrl-C, so the stack's processes are stopped, not orphaned.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     args = build_parser().parse_args(argv)
+    if args.omp_wait_policy != "inherit":
+        # For the in-process anchor: OpenMP reads this when torch loads, so set it before anything imports torch.
+        if "torch" in sys.modules and os.environ.get("OMP_WAIT_POLICY") != args.omp_wait_policy:
+            log.warning("torch is already loaded: OMP_WAIT_POLICY=%s applies to the services only",
+                        args.omp_wait_policy)
+        os.environ["OMP_WAIT_POLICY"] = args.omp_wait_policy
     result = run(args)
     paths = write_results(result, pathlib.Path(args.out), plot=not args.no_plot)
     print(report.markdown(result))

@@ -117,12 +117,12 @@ def server_log(rng: random.Random, lines: int = 40) -> str:
 def main() -> None:
     rng = random.Random(7)
     prompts = [
-        {"id": "incident_report", "max_tokens": 48,
+        {"id": "incident_report", "max_tokens": 32,
          "prompt": REPORT + "\nIn one sentence: what was the root cause of the outage?"},
-        {"id": "inventory_csv", "max_tokens": 48,
+        {"id": "inventory_csv", "max_tokens": 32,
          "prompt": "Here is an inventory table in CSV.\n\n" + inventory_csv(rng)
          + "\n\nWhich warehouse appears most often in the table? Answer in one short sentence."},
-        {"id": "server_log", "max_tokens": 48,
+        {"id": "server_log", "max_tokens": 32,
          "prompt": "Here is an excerpt of a server log.\n\n" + server_log(rng)
          + "\n\nIn one sentence: what kinds of errors does this log show?"},
     ]
