@@ -10,6 +10,7 @@ per prompt and repeat) and repeats the whole pass R times. Writes
 from __future__ import annotations
 
 import argparse
+import json
 import dataclasses
 import datetime
 import logging
@@ -53,6 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-plot", action="store_true", help="skip latest.png")
     p.add_argument("--log-dir", default="", help="service logs (default: a temporary directory)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--rebuild", default="",
+                   help="no run: rebuild rows, latest.* from the samples of a <timestamp>.json (after a report change)")
     return p
 
 
@@ -68,7 +71,16 @@ def machine_info(threads: int, omp_wait_policy: str) -> dict:
                 break
     except OSError:
         pass
-    return {"cpu": cpu, "cores": os.cpu_count(), "threads": threads, "platform": platform.platform(),
+    flags = set()
+    try:
+        for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+                break
+    except OSError:
+        pass
+    return {"cpu": cpu, "cores": os.cpu_count(), "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "avx512_bf16": "avx512_bf16" in flags, "amx_bf16": "amx_bf16" in flags, "threads": threads, "platform": platform.platform(),
             "python": platform.python_version(), "torch": torch.__version__,
             "transformers": transformers.__version__, "gpu": None, "omp_wait_policy": omp_wait_policy,
             "load_avg_start": [round(x, 2) for x in os.getloadavg()]}
@@ -172,6 +184,28 @@ def run(args: argparse.Namespace) -> dict:
     }
 
 
+def rebuild(path: pathlib.Path) -> dict:
+    """Re-aggregate a saved run (its raw samples) with the current report code."""
+    from bench.methods import Sample
+
+    result = json.loads(path.read_text())
+    samples = [Sample(**s) for s in result["samples"]]
+    old = {(r["workload"], r["method"]): r for r in result["rows"]}
+    order = list(dict.fromkeys(r["method"] for r in result["rows"]))
+    result["rows"] = report.build_rows(samples, result["config"].get("draft_cost_c") or {}, order)
+    for row in result["rows"]:  # token ids are not saved: keep what the run itself compared
+        row["tokens_identical_to_off"] = old.get((row["workload"], row["method"]), {}).get("tokens_identical_to_off")
+    if "torch_cpu_capability" not in result["machine"]:
+        import torch
+
+        current = machine_info(result["machine"].get("threads", 0), result["machine"].get("omp_wait_policy", ""))
+        for key in ("torch_cpu_capability", "avx512_bf16", "amx_bf16"):
+            result["machine"][key] = current[key]
+        result["machine"]["cpu_flags_recorded_at_rebuild"] = True
+        del torch
+    return result
+
+
 def write_results(result: dict, out: pathlib.Path, plot: bool = True) -> dict[str, pathlib.Path]:
     out.mkdir(parents=True, exist_ok=True)
     stamp = result["date"].replace(":", "").replace("-", "")
@@ -196,7 +230,10 @@ def main(argv: list[str] | None = None) -> int:
             log.warning("torch is already loaded: OMP_WAIT_POLICY=%s applies to the services only",
                         args.omp_wait_policy)
         os.environ["OMP_WAIT_POLICY"] = args.omp_wait_policy
-    result = run(args)
+    if args.rebuild:
+        result = rebuild(pathlib.Path(args.rebuild))
+    else:
+        result = run(args)
     paths = write_results(result, pathlib.Path(args.out), plot=not args.no_plot)
     print(report.markdown(result))
     for name, path in paths.items():

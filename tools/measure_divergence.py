@@ -81,18 +81,20 @@ def main() -> int:
     parser.add_argument("--dtypes", nargs="+", default=["bfloat16", "float32"])
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("-k", type=int, default=4)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--prompts", type=int, default=len(PROMPTS), help="use the first N prompts")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "divergence.json"))
     args = parser.parse_args()
-    torch.set_num_threads(2)
+    torch.set_num_threads(args.threads)
     tokenizer = load_tokenizer(args.model)
     eos = tokenizer.eos_token_id
-    results = {"model": args.model, "k": args.k, "max_tokens": args.max_tokens, "prompts": len(PROMPTS),
+    results = {"model": args.model, "k": args.k, "max_tokens": args.max_tokens, "prompts": args.prompts,
                "date": time.strftime("%Y-%m-%d"), "dtypes": {}}
     for dtype in args.dtypes:
         model = load_causal_lm(args.model, "cpu", dtype)
         engine = TransformersEngine(model)
         diverged, first_positions, tokens_compared = 0, [], 0
-        for text in tqdm(PROMPTS, desc=dtype, unit="prompt"):
+        for text in tqdm(PROMPTS[: args.prompts], desc=dtype, unit="prompt"):
             ids = tokenizer.encode(chatml(text), add_special_tokens=False)
             with torch.inference_mode():
                 plain = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
@@ -107,10 +109,10 @@ def main() -> int:
             if mismatch is not None:
                 diverged += 1
                 first_positions.append(mismatch)
-        results["dtypes"][dtype] = {"prompts_diverged": diverged, "divergence_rate": diverged / len(PROMPTS),
+        results["dtypes"][dtype] = {"prompts_diverged": diverged, "divergence_rate": diverged / args.prompts,
                                     "first_divergence_positions": first_positions,
                                     "tokens_compared": tokens_compared}
-        print(f"{dtype}: {diverged}/{len(PROMPTS)} prompts diverged; first positions {first_positions}", flush=True)
+        print(f"{dtype}: {diverged}/{args.prompts} prompts diverged; first positions {first_positions}", flush=True)
     pathlib.Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
     print(f"wrote {args.out}")
     return 0
