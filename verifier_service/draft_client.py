@@ -125,7 +125,7 @@ class DraftLink:
             log.error("%s", exc)
             self.failed()
             raise DraftUnavailable(f"the draft at {self.address} is incompatible") from exc
-        except (grpc.aio.AioRpcError, asyncio.TimeoutError, DraftUnavailable) as exc:
+        except (grpc.aio.AioRpcError, asyncio.TimeoutError, asyncio.InvalidStateError, DraftUnavailable) as exc:
             self.failed()
             raise DraftUnavailable(f"cannot open a draft stream: {exc!r}") from exc
         return DraftSession(self, call, len(tokens))
@@ -155,7 +155,7 @@ class DraftSession:
         )
         try:
             response = await asyncio.wait_for(self._round_trip(request), self.link.timeout_s)
-        except (grpc.aio.AioRpcError, asyncio.TimeoutError, DraftUnavailable) as exc:
+        except (grpc.aio.AioRpcError, asyncio.TimeoutError, asyncio.InvalidStateError, DraftUnavailable) as exc:
             self.link.failed(exc)
             self.cancel()
             raise DraftUnavailable(f"draft round failed: {exc!r}") from exc
