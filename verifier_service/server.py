@@ -60,7 +60,7 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServiceServicer):
         live.on_reap = functools.partial(self._end_reaped_call, context, spec.request_id)
         generated = 0
         rounds = decode(spec, self.engine, self.draft, policy, self.run, self.tokenizer,
-                        list(self.info.eos_token_ids))
+                        list(self.info.eos_token_ids), lambda: len(self.sequences.live))
         try:
             async for output, stats in rounds:
                 live.touch()
@@ -78,7 +78,10 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServiceServicer):
         finally:
             self.sequences.release(key)
             # Free the KV cache and end the draft's stream now, not whenever the generator is collected.
-            await rounds.aclose()
+            try:
+                await rounds.aclose()
+            except RuntimeError:  # cancelled mid-round: the generator's own finally frees them
+                pass
 
     async def _end_reaped_call(self, context, request_id: str) -> None:
         """The reaper dropped this call's sequence: tell the client why (it is waiting otherwise)."""
