@@ -19,19 +19,10 @@ from opentelemetry import trace
 from draft_service.config import DraftConfig
 from draft_service.proposer import DraftSequence, Proposal, Proposer, ProposerError
 from specdec import limits, metrics
-from specdec.sampling import SamplingParams
+from specdec.sampling import from_proto
 from specdec.v1 import common_pb2, draft_pb2, draft_pb2_grpc
 
 log = logging.getLogger(__name__)
-
-
-def sampling_from_proto(message: common_pb2.SamplingParams) -> SamplingParams:
-    return SamplingParams(
-        temperature=message.temperature,
-        top_p=message.top_p if message.HasField("top_p") else 1.0,
-        top_k=message.top_k,
-        seed=message.seed if message.HasField("seed") else None,
-    )
 
 
 class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
@@ -58,7 +49,7 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
         if len(self.live) >= self.config.max_sequences:
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
                                 f"the draft holds {len(self.live)} live sequences, its cap (--max-sequences); retry later")
-        sampling = sampling_from_proto(start.sampling)
+        sampling = from_proto(start.sampling)
         try:
             sequence = await self._run(self.proposer.start, list(start.prompt_token_ids), sampling,
                                        start.return_probs)
@@ -136,6 +127,6 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
         bad = [t for t in start.prompt_token_ids if t < 0 or t >= self.info.vocab_size]
         if bad:
             return f"start.prompt_token_ids has ids outside the vocabulary [0, {self.info.vocab_size}): {bad[:5]}"
-        problems = sampling_from_proto(start.sampling).problems()
+        problems = from_proto(start.sampling).problems()
         return "start.sampling: " + "; ".join(problems) if problems else None
 

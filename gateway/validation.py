@@ -40,7 +40,6 @@ def check_generate_request(request: gateway_pb2.GenerateRequest, prompt_ids: lis
     field = "prompt" if which == "prompt" else "prompt_token_ids"
     problems += limits.prompt_ids_problems(prompt_ids or [], limits_.vocab_size, field)
     problems += sampling_problems(request)
-    problems += limits.temperature_problems(request.temperature, "temperature")
     max_tokens = request.max_tokens or default_max_tokens
     if prompt_ids and len(prompt_ids) + max_tokens > limits_.max_context:
         problems.append(f"max_tokens {max_tokens} plus {len(prompt_ids)} prompt tokens exceeds the model's "

@@ -5,8 +5,6 @@ from __future__ import annotations
 MAX_STOP_STRINGS = 16
 MAX_STOP_LENGTH = 256
 MAX_PROMPT_CHARS = 1_000_000
-# Below this, logits / temperature overflows float32 and the distribution turns into NaN; 0 is greedy.
-MIN_TEMPERATURE = 1e-5
 # A proposer with no context limit of its own (n-gram) keeps at most this many tokens per sequence.
 MAX_DRAFT_SEQUENCE_TOKENS = 1 << 20
 
@@ -29,9 +27,3 @@ def stop_problems(stop: list[str], field: str) -> list[str]:
         return [f"{field} strings must be at most {MAX_STOP_LENGTH} characters"]
     return []
 
-
-def temperature_problems(temperature: float, field: str) -> list[str]:
-    """Only what SamplingParams.problems() does not already say: a positive value too small to divide by."""
-    if 0.0 < temperature < MIN_TEMPERATURE * 0.999:  # the tolerance: the wire value is a float32
-        return [f"{field} must be 0 (greedy) or at least {MIN_TEMPERATURE:g}, got {temperature:g}"]
-    return []

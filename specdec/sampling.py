@@ -12,6 +12,11 @@ import math
 
 import torch
 
+from specdec.v1 import common_pb2
+
+# Below this, logits / temperature overflows float32 and the distribution turns into NaN; 0 is greedy.
+MIN_TEMPERATURE = 1e-5
+
 
 @dataclasses.dataclass(frozen=True)
 class SamplingParams:
@@ -31,11 +36,31 @@ class SamplingParams:
         found = []
         if not math.isfinite(self.temperature) or self.temperature < 0:
             found.append(f"temperature must be a finite number >= 0, got {self.temperature}")
+        elif 0.0 < self.temperature < MIN_TEMPERATURE * 0.999:  # the tolerance: the wire value is a float32
+            found.append(f"temperature must be 0 (greedy) or at least {MIN_TEMPERATURE:g}, got {self.temperature:g}")
         if not math.isfinite(self.top_p) or not 0.0 < self.top_p <= 1.0:
             found.append(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
             found.append(f"top_k must be >= 0 (0 keeps every token), got {self.top_k}")
         return found
+
+
+def from_proto(message: common_pb2.SamplingParams) -> SamplingParams:
+    return SamplingParams(
+        temperature=message.temperature,
+        top_p=message.top_p if message.HasField("top_p") else 1.0,
+        top_k=message.top_k,
+        seed=message.seed if message.HasField("seed") else None,
+    )
+
+
+def to_proto(params: SamplingParams) -> common_pb2.SamplingParams:
+    message = common_pb2.SamplingParams(temperature=params.temperature, top_k=params.top_k)
+    if params.top_p < 1.0:
+        message.top_p = params.top_p
+    if params.seed is not None:
+        message.seed = params.seed
+    return message
 
 
 def probs_from_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:

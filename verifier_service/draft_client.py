@@ -20,7 +20,7 @@ import torch
 
 from specdec import grpc_server, models
 from specdec.config import ServerConfig
-from specdec.sampling import SamplingParams
+from specdec.sampling import SamplingParams, to_proto
 from specdec.v1 import common_pb2, draft_pb2, draft_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -36,6 +36,10 @@ _DRAINING: set[asyncio.Task] = set()  # strong references to streams being close
 
 class DraftUnavailable(Exception):
     """The draft cannot serve this round; decode without it."""
+
+
+# What a broken, slow or vanished stream raises: the round decodes without the draft.
+STREAM_ERRORS = (grpc.aio.AioRpcError, asyncio.TimeoutError, asyncio.InvalidStateError, DraftUnavailable)
 
 
 class DraftIncompatible(RuntimeError):
@@ -65,15 +69,6 @@ class Backoff:
 
     def succeeded(self) -> None:
         self.delay_s, self.retry_at = 0.0, 0.0
-
-
-def sampling_to_proto(params: SamplingParams) -> common_pb2.SamplingParams:
-    message = common_pb2.SamplingParams(temperature=params.temperature, top_k=params.top_k)
-    if params.top_p < 1.0:
-        message.top_p = params.top_p
-    if params.seed is not None:
-        message.seed = params.seed
-    return message
 
 
 class DraftLink:
@@ -116,7 +111,7 @@ class DraftLink:
                 await asyncio.wait_for(self.check_compatible(), self.timeout_s)
             call = self.stub.Propose()
             start = draft_pb2.StartSequence(
-                request_id=request_id, prompt_token_ids=tokens, sampling=sampling_to_proto(sampling),
+                request_id=request_id, prompt_token_ids=tokens, sampling=to_proto(sampling),
                 return_probs=not sampling.greedy,
             )
             await asyncio.wait_for(call.write(draft_pb2.ProposeRequest(start=start)), self.timeout_s)
@@ -125,7 +120,7 @@ class DraftLink:
             log.error("%s", exc)
             self.failed()
             raise DraftUnavailable(f"the draft at {self.address} is incompatible") from exc
-        except (grpc.aio.AioRpcError, asyncio.TimeoutError, asyncio.InvalidStateError, DraftUnavailable) as exc:
+        except STREAM_ERRORS as exc:
             self.failed()
             raise DraftUnavailable(f"cannot open a draft stream: {exc!r}") from exc
         return DraftSession(self, call, len(tokens))
@@ -155,7 +150,7 @@ class DraftSession:
         )
         try:
             response = await asyncio.wait_for(self._round_trip(request), self.link.timeout_s)
-        except (grpc.aio.AioRpcError, asyncio.TimeoutError, asyncio.InvalidStateError, DraftUnavailable) as exc:
+        except STREAM_ERRORS as exc:
             self.link.failed(exc)
             self.cancel()
             raise DraftUnavailable(f"draft round failed: {exc!r}") from exc

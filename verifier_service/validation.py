@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from specdec import limits
-from specdec.sampling import SamplingParams
+from specdec.sampling import from_proto
 from specdec.v1 import verifier_pb2
 from verifier_service.decode_loop import DecodeSpec
 
@@ -12,22 +12,12 @@ class InvalidRequest(ValueError):
     """Maps to INVALID_ARGUMENT; the message names the field."""
 
 
-def sampling_from_request(sampling) -> SamplingParams:
-    return SamplingParams(
-        temperature=sampling.temperature,
-        top_p=sampling.top_p if sampling.HasField("top_p") else 1.0,
-        top_k=sampling.top_k,
-        seed=sampling.seed if sampling.HasField("seed") else None,
-    )
-
-
 def check_decode_request(request: verifier_pb2.DecodeRequest, vocab_size: int, max_context: int,
                          max_k: int) -> DecodeSpec:
     prompt = list(request.prompt_token_ids)
     problems = limits.prompt_ids_problems(prompt, vocab_size, "prompt_token_ids")
-    sampling = sampling_from_request(request.sampling)
+    sampling = from_proto(request.sampling)
     problems += [f"sampling.{p}" for p in sampling.problems()]
-    problems += limits.temperature_problems(sampling.temperature, "sampling.temperature")
     if request.max_tokens < 1:
         problems.append("max_tokens must be >= 1")
     elif len(prompt) + request.max_tokens > max_context:

@@ -16,6 +16,7 @@ import pytest
 from gateway.validation import InvalidRequest as GatewayInvalid
 from gateway.validation import ModelLimits, check_generate_request
 from specdec import limits
+from specdec.sampling import MIN_TEMPERATURE, SamplingParams
 from specdec.testing import build_other_tokenizer_model
 from specdec.v1 import (
     common_pb2,
@@ -66,7 +67,7 @@ GATEWAY_BAD_AT_VERIFIER = [
 GATEWAY_EDGE_OK = [
     G(prompt="hi", max_tokens=1),
     G(prompt="hi", max_tokens=3, temperature=1.0, seed=2**64 - 1),
-    G(prompt="hi", max_tokens=3, temperature=limits.MIN_TEMPERATURE),
+    G(prompt="hi", max_tokens=3, temperature=MIN_TEMPERATURE),
     G(prompt="hi", max_tokens=3, temperature=3e38, top_k=10**9, top_p=1e-30),
     G(prompt="hi", max_tokens=3, num_speculative_tokens=0),
     G(prompt="hi", max_tokens=3, num_speculative_tokens=16),
@@ -140,9 +141,9 @@ def test_verifier_validator_names_the_field(field, request_):
 
 
 def test_temperature_floor():
-    assert limits.temperature_problems(0.0, "t") == []
-    assert limits.temperature_problems(limits.MIN_TEMPERATURE, "t") == []
-    assert "t must be 0 (greedy) or at least" in limits.temperature_problems(1e-30, "t")[0]
+    assert SamplingParams(temperature=0.0).problems() == []
+    assert SamplingParams(temperature=MIN_TEMPERATURE).problems() == []
+    assert "temperature must be 0 (greedy) or at least" in SamplingParams(temperature=1e-30).problems()[0]
 
 
 # ---------------------------------------------------------------- through the real processes
