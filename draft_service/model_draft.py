@@ -29,7 +29,8 @@ class ModelSequence(DraftSequence):
         proposal, rows = [], []
         for _ in range(k):
             logits = self._feed(self.tokens[self.cached_length :])  # [V] after the last token
-            q = probs_from_logits(logits[None], self.sampling)[0]  # [V]
+            # Sampled on the CPU, where the seeded generator lives (probs travel to the verifier anyway).
+            q = probs_from_logits(logits[None], self.sampling)[0].float().cpu()  # [V]
             token = int(q.argmax()) if self.sampling.greedy else sample(q, self.generator)
             self.tokens.append(token)
             proposal.append(token)

@@ -58,7 +58,8 @@ class Service:
         self.metrics_port = metrics_port or free_port()
         self.address = f"127.0.0.1:{self.port}"
         self.log_path = (log_dir or pathlib.Path(os.environ.get("TMPDIR", "/tmp"))) / f"{module}-{self.port}.log"
-        full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO_ROOT), **(env or {})}
+        python_path = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
+        full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": python_path, **(env or {})}
         self._log = open(self.log_path, "w")  # noqa: SIM115 (closed in stop)
         self.process = subprocess.Popen(
             [sys.executable, "-m", module, "--host", "127.0.0.1", "--port", str(self.port),

@@ -1,5 +1,7 @@
 """Greedy output through the three running services equals model.generate(do_sample=False), token for token."""
 
+import os
+
 import pytest
 import torch
 
@@ -17,19 +19,22 @@ PROMPTS = [
     '"age": 36, "age": 36, "age":', "WHERE WHERE", "Ünïcödé", "tokens and verifies",
 ]
 MAX_TOKENS = 24
+# SPECDEC_DEVICE=cuda runs the reference here and both services (which read the same variable) on a GPU.
+DEVICE = os.environ.get("SPECDEC_DEVICE", "cpu")
 
 
 @pytest.fixture(scope="module")
 def reference(tiny_pair):
     """Target-only greedy continuations, computed in this process."""
     tokenizer = load_tokenizer(str(tiny_pair[0]))
-    model = load_causal_lm(str(tiny_pair[0]))
+    model = load_causal_lm(str(tiny_pair[0]), device=DEVICE)
     eos = tokenizer.eos_token_id
     expected = {}
     for prompt in PROMPTS:
         ids = tokenizer.encode(prompt, add_special_tokens=False)
         with torch.inference_mode():
-            out = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+            out = model.generate(torch.tensor([ids], device=DEVICE),
+                                 attention_mask=torch.ones(1, len(ids), dtype=torch.long, device=DEVICE),
                                  max_new_tokens=MAX_TOKENS, do_sample=False, eos_token_id=eos, pad_token_id=eos)
         tokens = out[0, len(ids):].tolist()
         expected[prompt] = tokens[: tokens.index(eos) + 1] if eos in tokens else tokens

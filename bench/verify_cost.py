@@ -1,0 +1,172 @@
+"""The verify-cost curve: how much a target forward over k tokens costs against one token, t(k)/t(1).
+
+Speculation pays when checking k drafted tokens costs little more than one decode step
+(docs/design.md, the speedup model S = E / (k*c + t(k)/t(1))). This measures that ratio
+for a target, on this machine, at a given context length, with the KV cache in place:
+each timed pass runs k tokens after a cached prefix and is then rolled back.
+
+    python -m bench.verify_cost --model .cache/models/smollm2-135m-instruct --dtype bfloat16
+    python -m bench.verify_cost --config llama-8b --device cuda --dtype bfloat16   # random init
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import pathlib
+import platform
+import statistics
+import time
+
+import torch
+
+from specdec.kv_cache import new_cache, rollback_cache
+from specdec.models import DTYPES, load_causal_lm
+
+# Random-initialised stand-ins for real targets: only the shapes matter for cost.
+CONFIGS = {
+    "llama-tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                       num_key_value_heads=2, vocab_size=512, max_position_embeddings=4096),
+    "llama-8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+                     num_key_value_heads=8, vocab_size=128256, max_position_embeddings=8192, rope_theta=500000.0),
+}
+
+
+def build_random_model(name: str, device: str, dtype: str):
+    """A randomly initialised LlamaForCausalLM with the named shape, built directly on the device."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(**CONFIGS[name])
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(DTYPES[dtype])
+    try:
+        with torch.device(device):
+            model = LlamaForCausalLM(config)
+    finally:
+        torch.set_default_dtype(previous)
+    return model.eval()
+
+
+def sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+@torch.inference_mode()
+def time_forward(model, cache, context: int, k: int, device: str, repeats: int) -> list[float]:
+    """Milliseconds for forward passes of k tokens after a cached prefix of `context` tokens."""
+    vocab = model.config.vocab_size
+    times = []
+    for _ in range(repeats):
+        block = torch.randint(0, vocab, (1, k), device=device)  # [1, k]
+        sync(device)
+        start = time.perf_counter()
+        model(input_ids=block, past_key_values=cache, use_cache=True)
+        sync(device)
+        times.append((time.perf_counter() - start) * 1e3)
+        rollback_cache(cache, context)
+    return times
+
+
+@torch.inference_mode()
+def measure(model, device: str, context: int, ks: list[int], repeats: int, warmup: int, progress=None) -> dict:
+    cache = new_cache(model)
+    prefix = torch.randint(0, model.config.vocab_size, (1, context), device=device)  # [1, context]
+    model(input_ids=prefix, past_key_values=cache, use_cache=True)
+    for k in ks:
+        time_forward(model, cache, context, k, device, warmup)
+    medians = {}
+    # Interleave the k values so that drift on a noisy machine spreads over all of them.
+    samples = {k: [] for k in ks}
+    for _ in range(repeats):
+        for k in ks:
+            samples[k] += time_forward(model, cache, context, k, device, 1)
+        if progress:
+            progress.update(1)
+    for k in ks:
+        medians[k] = statistics.median(samples[k])
+    return {"context": context, "t_ms": {str(k): round(medians[k], 3) for k in ks},
+            "ratio": {str(k): round(medians[k] / medians[ks[0]], 3) for k in ks}}
+
+
+def plot(result: dict, path: pathlib.Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for curve in result["curves"]:
+        ks = [int(k) for k in curve["ratio"]]
+        ax.plot(ks, list(curve["ratio"].values()), marker="o", label=f"context {curve['context']}")
+    ks = [int(k) for k in result["curves"][0]["ratio"]]
+    ax.plot(ks, ks, linestyle=":", color="grey", label="t(k) = k t(1) (no gain possible)")
+    ax.set_xlabel("tokens in one forward pass (k)")
+    ax.set_ylabel("t(k) / t(1)")
+    ax.set_title(f"{result['model']} {result['dtype']} on {result['device_name']}", fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--model", help="a local model directory")
+    source.add_argument("--config", choices=sorted(CONFIGS), help="a random-initialised model of this shape")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPES))
+    parser.add_argument("--max-k", type=int, default=16)
+    parser.add_argument("--contexts", default="200,1500", help="comma-separated cached context lengths")
+    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 keeps torch's default)")
+    parser.add_argument("--out", default="bench/results/verify_cost", help="writes OUT.json and OUT.png")
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    from tqdm import tqdm
+
+    args = parse_args(argv)
+    if args.max_k < 1 or args.repeats < 1:
+        raise SystemExit("--max-k and --repeats must be at least 1")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda was asked for, but torch sees no CUDA device")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    model = (load_causal_lm(args.model, args.device, args.dtype) if args.model
+             else build_random_model(args.config, args.device, args.dtype))
+    contexts = [int(c) for c in args.contexts.split(",")]
+    ks = list(range(1, args.max_k + 1))
+    device_name = torch.cuda.get_device_name() if args.device == "cuda" else platform.processor() or "cpu"
+    result = {
+        "what": "t(k)/t(1): one target forward over k tokens after a cached context, against one token",
+        "model": args.model and pathlib.Path(args.model).name or f"{args.config} (random init)",
+        "params": sum(p.numel() for p in model.parameters()),
+        "dtype": args.dtype, "device": args.device, "device_name": device_name,
+        "torch": torch.__version__, "threads": torch.get_num_threads() if args.device == "cpu" else None,
+        "repeats": args.repeats, "statistic": "median, k values interleaved",
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "curves": [],
+    }
+    with tqdm(total=args.repeats * len(contexts), desc="verify cost", unit="sweep") as progress:
+        for context in contexts:
+            result["curves"].append(measure(model, args.device, context, ks, args.repeats, args.warmup, progress))
+    out = pathlib.Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
+    plot(result, out.with_suffix(".png"))
+    for curve in result["curves"]:
+        shown = ", ".join(f"{k}:{r}" for k, r in curve["ratio"].items())
+        print(f"context {curve['context']}: t(1) = {curve['t_ms']['1']} ms; t(k)/t(1) {shown}")
+    print(f"wrote {out.with_suffix('.json')} and {out.with_suffix('.png')}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,18 @@
+"""The verify-cost curve tool on a tiny random model: it writes a curve with t(1)/t(1) = 1 and a plot."""
+
+import json
+
+from bench import verify_cost
+
+
+def test_verify_cost_writes_a_curve_per_context(tmp_path):
+    out = tmp_path / "vc"
+    assert verify_cost.main(["--config", "llama-tiny", "--dtype", "float32", "--max-k", "3", "--repeats", "2",
+                             "--warmup", "1", "--contexts", "8,40", "--out", str(out)]) == 0
+    result = json.loads(out.with_suffix(".json").read_text())
+    assert [curve["context"] for curve in result["curves"]] == [8, 40]
+    for curve in result["curves"]:
+        assert list(curve["ratio"]) == ["1", "2", "3"]
+        assert curve["ratio"]["1"] == 1.0
+        assert all(t > 0 for t in curve["t_ms"].values())
+    assert out.with_suffix(".png").stat().st_size > 1000
