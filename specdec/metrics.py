@@ -53,3 +53,9 @@ def serve(port: int) -> int | None:
         return None
     server, _thread = start_http_server(port)
     return server.server_port
+
+
+ENGINE_STEP_SEQUENCES = Histogram(
+    "specdec_engine_step_sequences", "Sequences that received tokens from one batched engine step (vLLM engine)",
+    buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
+)

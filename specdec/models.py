@@ -46,6 +46,20 @@ def load_causal_lm(path: str, device: str = "cpu", dtype: str = "float32"):
     return model.to(device).eval()
 
 
+def load_config_only(path: str):
+    """A weightless stand-in with the model's config and generation config (for describe())."""
+    import types
+
+    from transformers import AutoConfig, GenerationConfig
+
+    try:
+        generation_config = GenerationConfig.from_pretrained(path)
+    except OSError:
+        generation_config = None
+    return types.SimpleNamespace(config=AutoConfig.from_pretrained(path), generation_config=generation_config,
+                                 parameters=lambda: iter(()))
+
+
 def eos_token_ids(tokenizer, model=None) -> list[int]:
     """Every id that ends a sequence: the tokenizer's and the generation config's."""
     ids = set()

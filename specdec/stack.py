@@ -52,7 +52,7 @@ class Service:
     """One service as a real child process on a free port."""
 
     def __init__(self, module: str, args: list[str], env: dict | None = None, log_dir: pathlib.Path | None = None,
-                 port: int = 0, metrics_port: int = 0):
+                 port: int = 0, metrics_port: int = 0, python: str | None = None):
         self.module = module
         self.port = port or free_port()
         self.metrics_port = metrics_port or free_port()
@@ -62,7 +62,7 @@ class Service:
         full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": python_path, **(env or {})}
         self._log = open(self.log_path, "w")  # noqa: SIM115 (closed in stop)
         self.process = subprocess.Popen(
-            [sys.executable, "-m", module, "--host", "127.0.0.1", "--port", str(self.port),
+            [python or sys.executable, "-m", module, "--host", "127.0.0.1", "--port", str(self.port),
              "--metrics-port", str(self.metrics_port), *args],
             cwd=REPO_ROOT, env=full_env, stdout=self._log, stderr=subprocess.STDOUT,
         )
@@ -88,10 +88,12 @@ class Service:
 
 @contextlib.contextmanager
 def running_stack(target_dir, draft_dir=None, method: str = "ngram", verifier_args=(), draft_args=(), gateway_args=(),
-                  env: dict | None = None, log_dir=None, timeout_s: float = 120.0, ports: dict | None = None):
+                  env: dict | None = None, log_dir=None, timeout_s: float = 120.0, ports: dict | None = None,
+                  verifier_python: str | None = None):
     """Start draft, verifier and gateway as real processes; yield them as a dict; stop them after.
 
     ports: optional {"draft": (grpc, metrics), "verifier": (...), "gateway": (...)}; free ports otherwise.
+    verifier_python: the interpreter for the verifier (the vLLM engine lives in .venv-vllm).
     """
     services = {}
     ports = ports or {}
@@ -101,7 +103,7 @@ def running_stack(target_dir, draft_dir=None, method: str = "ngram", verifier_ar
                                     env, log_dir, *ports.get("draft", (0, 0)))
         services["verifier"] = Service(
             "verifier_service", ["--model", str(target_dir), "--draft", services["draft"].address, *verifier_args],
-            env, log_dir, *ports.get("verifier", (0, 0)))
+            env, log_dir, *ports.get("verifier", (0, 0)), python=verifier_python)
         services["gateway"] = Service(
             "gateway", ["--model", str(target_dir), "--verifier", services["verifier"].address,
                         "--draft", services["draft"].address, *gateway_args], env, log_dir,
@@ -115,3 +117,15 @@ def running_stack(target_dir, draft_dir=None, method: str = "ngram", verifier_ar
     finally:
         for service in reversed(list(services.values())):
             service.stop()
+
+
+def scrape_metrics(port: int) -> dict[tuple[str, tuple], float]:
+    """GET a service's /metrics -> {(sample name, sorted labels): value}."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
+        text = reply.read().decode()
+    return {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
+            for family in text_string_to_metric_families(text) for sample in family.samples}

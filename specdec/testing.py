@@ -46,17 +46,21 @@ def build_tokenizer(out_dir: pathlib.Path, vocab_size: int = 320):
     return fast
 
 
-def tiny_llama_config(vocab_size: int, eos_token_id: int, seed_layers: int = 2, init_range: float = 0.3):
+# The default tiny shape, and one vLLM's CPU attention accepts (head size >= 32) with room for 1,500-token contexts.
+TINY_SHAPE = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
+                  max_position_embeddings=512)
+VLLM_TINY_SHAPE = dict(hidden_size=128, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2,
+                       max_position_embeddings=2048)
+
+
+def tiny_llama_config(vocab_size: int, eos_token_id: int, seed_layers: int = 2, init_range: float = 0.3,
+                      shape: dict | None = None):
     from transformers import LlamaConfig
 
     return LlamaConfig(
         vocab_size=vocab_size,
-        hidden_size=64,
-        intermediate_size=128,
         num_hidden_layers=seed_layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
+        **(shape or TINY_SHAPE),
         eos_token_id=eos_token_id,
         bos_token_id=eos_token_id,
         pad_token_id=0,
@@ -67,12 +71,12 @@ def tiny_llama_config(vocab_size: int, eos_token_id: int, seed_layers: int = 2, 
 
 
 def build_tiny_model(out_dir: pathlib.Path, vocab_size: int, eos_token_id: int, seed: int, noise_from=None,
-                     noise: float = 0.0, init_range: float = 0.3):
+                     noise: float = 0.0, init_range: float = 0.3, shape: dict | None = None):
     """A seeded random LlamaForCausalLM saved to out_dir; optionally a noisy copy of another."""
     from transformers import LlamaForCausalLM
 
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(tiny_llama_config(vocab_size, eos_token_id, init_range=init_range)).float().eval()
+    model = LlamaForCausalLM(tiny_llama_config(vocab_size, eos_token_id, init_range=init_range, shape=shape)).float().eval()
     if noise_from is not None:
         model.load_state_dict(noise_from.state_dict())
         with torch.no_grad():
@@ -83,15 +87,16 @@ def build_tiny_model(out_dir: pathlib.Path, vocab_size: int, eos_token_id: int, 
     return model
 
 
-def build_tiny_pair(root: pathlib.Path, noise: float = 0.05) -> tuple[pathlib.Path, pathlib.Path]:
+def build_tiny_pair(root: pathlib.Path, noise: float = 0.05, shape: dict | None = None
+                    ) -> tuple[pathlib.Path, pathlib.Path]:
     """Write a tiny target and a tiny noisy draft that share one tokenizer. Returns their dirs."""
     target_dir, draft_dir = root / "tiny-target", root / "tiny-draft"
     tokenizer = build_tokenizer(target_dir)
     tokenizer.save_pretrained(draft_dir)
     vocab = len(tokenizer)
     eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    target = build_tiny_model(target_dir, vocab, eos, seed=0)
-    build_tiny_model(draft_dir, vocab, eos, seed=1, noise_from=target, noise=noise)
+    target = build_tiny_model(target_dir, vocab, eos, seed=0, shape=shape)
+    build_tiny_model(draft_dir, vocab, eos, seed=1, noise_from=target, noise=noise, shape=shape)
     return target_dir, draft_dir
 
 

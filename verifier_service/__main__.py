@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import sys
 
@@ -20,9 +21,13 @@ log = logging.getLogger("verifier_service")
 DEFAULTS = {"port": 50052, "metrics_port": 9102}
 
 
-def build_engine(cfg: VerifierConfig):
+def build_engine(cfg: VerifierConfig, draft: DraftLink | None):
+    """(engine, model or a weightless stand-in for describe())."""
     if cfg.engine == "vllm":
-        raise grpc_server.ConfigError("--engine vllm is not available in this build; use --engine transformers")
+        from verifier_service.vllm_engine import VllmEngine
+
+        log.info("starting the vLLM engine on %s (%s)", cfg.model, cfg.dtype)
+        return VllmEngine(cfg, draft, asyncio.get_running_loop()), models.load_config_only(cfg.model)
     log.info("loading target model %s (%s, %s)", cfg.model, cfg.device, cfg.dtype)
     model = models.load_causal_lm(cfg.model, cfg.device, cfg.dtype)
     return TransformersEngine(model, cfg.device), model
@@ -32,11 +37,12 @@ async def serve(server_cfg: specdec_config.ServerConfig, cfg: VerifierConfig) ->
     if not cfg.model:
         raise models.ModelLoadError("--model is required (run `make model` for the default SmolLM2-135M-Instruct)")
     tokenizer = models.load_tokenizer(cfg.model)
-    engine, model = build_engine(cfg)
-    info = models.describe(cfg.model, tokenizer, model)
-    draft = None
+    info = models.describe(cfg.model, tokenizer, models.load_config_only(cfg.model))
+    draft = DraftLink(cfg.draft, server_cfg, info, cfg.draft_timeout_ms / 1000) if cfg.draft else None
+    engine, model = build_engine(cfg, draft)
+    info.CopyFrom(models.describe(cfg.model, tokenizer, model))
+    info.max_context = engine.max_context
     if cfg.draft:
-        draft = DraftLink(cfg.draft, server_cfg, info, cfg.draft_timeout_ms / 1000)
         try:
             await draft.check_compatible(wait_s=cfg.draft_wait_s)
             log.info("draft at %s (%s) shares the target's tokenizer", cfg.draft, draft.method)

@@ -27,3 +27,6 @@ class VerifierConfig:
     max_cache_tokens: int = option(262144, "tokens (prompt + max_tokens, reserved) in all KV caches at most")
     sequence_ttl_s: float = option(300.0, "a sequence idle this long is dropped and its cache freed")
     threads: int = option(0, "torch CPU threads (0 keeps torch's default)")
+    vllm_kv_cache_gib: int = option(1, "--engine vllm on CPU: KV cache space in GiB (VLLM_CPU_KVCACHE_SPACE)")
+    vllm_max_model_len: int = option(0, "--engine vllm: context length (0: the model's)")
+    vllm_compile: bool = option(False, "--engine vllm: torch.compile / CUDA graphs (slower start, faster steps)")

