@@ -183,3 +183,24 @@ def draft_step_seconds(model_dir: str, dtype: str, threads: int, context: int = 
             cache = out.past_key_values
     del model
     return statistics.median(times[2:])
+
+
+def add_stack_options(parser, repeats: int, max_tokens: int = 48) -> None:
+    """The options of the load tools (bench.context, bench.concurrency) that choose and start the stack."""
+    parser.add_argument("--model", required=True, help="target model directory")
+    parser.add_argument("--engine", default="transformers", choices=["transformers", "vllm"], help="verifier engine")
+    parser.add_argument("--vllm-python", default=".venv-vllm/bin/python", help="the interpreter with vLLM")
+    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    parser.add_argument("--max-tokens", type=int, default=max_tokens)
+    parser.add_argument("--repeats", type=int, default=repeats)
+    parser.add_argument("--threads", type=int, default=2, help="torch threads of the transformers verifier")
+    parser.add_argument("--out", default="", help="JSON file to write (default bench/results/<tool>_<engine>.json)")
+
+
+def stack_kwargs(args, verifier_args=()) -> dict:
+    """running_stack(...) keyword arguments for those options: an n-gram stack with the chosen engine."""
+    verifier = ["--dtype", args.dtype, "--engine", args.engine, *verifier_args]
+    if args.engine == "transformers":
+        verifier += ["--threads", str(args.threads)]
+    return {"method": "ngram", "verifier_args": verifier, "env": {"OMP_WAIT_POLICY": "PASSIVE"}, "timeout_s": 300,
+            "verifier_python": args.vllm_python if args.engine == "vllm" else None}

@@ -51,6 +51,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--omp-wait-policy", default="PASSIVE", choices=["PASSIVE", "ACTIVE", "inherit"],
                    help="OMP_WAIT_POLICY for the services and the anchor; PASSIVE keeps a busy, shared machine from "
                         "collapsing (spinning OpenMP threads cost seconds per forward when cores are oversubscribed)")
+    p.add_argument("--vllm", action="store_true",
+                   help="add a vLLM column: a third stack with --engine vllm (methods vllm_off and vllm_ngram)")
+    p.add_argument("--vllm-python", default=".venv-vllm/bin/python", help="the interpreter with vLLM (make setup-vllm)")
     p.add_argument("--no-plot", action="store_true", help="skip latest.png")
     p.add_argument("--log-dir", default="", help="service logs (default: a temporary directory)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -144,6 +147,14 @@ def run(args: argparse.Namespace) -> dict:
                 draft_args=["--dtype", args.dtype], env=env, log_dir=log_dir))
             methods.append(StackMethod("model", model_services["gateway"].address,
                                        model_services["verifier"].metrics_port, k=None, draft_step_s=draft_step))
+        if args.vllm:
+            log.info("starting the vLLM stack (%s)", args.vllm_python)
+            vllm_services = stack.enter_context(running_stack(
+                args.model, method="ngram", verifier_args=["--dtype", args.dtype, "--engine", "vllm"], env=env,
+                log_dir=log_dir, timeout_s=300, verifier_python=args.vllm_python))
+            vllm_gateway, vllm_metrics = vllm_services["gateway"].address, vllm_services["verifier"].metrics_port
+            methods += [StackMethod("vllm_off", vllm_gateway, vllm_metrics, k=0),
+                        StackMethod("vllm_ngram", vllm_gateway, vllm_metrics, k=None)]
         if not args.no_anchor:
             log.info("loading the target in-process for the Hugging Face anchor")
             hf = HFModel(args.model, dtype=args.dtype, threads=args.threads)
@@ -177,7 +188,7 @@ def run(args: argparse.Namespace) -> dict:
         "rows": rows,
         "config": {"repeats": repeats, "workloads": args.workloads.split(","), "prompts": len(prompts),
                    "max_tokens_cap": max_tokens, "fixed_k": fixed_ks, "anchor_lookup": args.anchor_lookup,
-                   "draft_model": args.draft_model or None, "draft_cost_c": draft_cost or None,
+                   "draft_model": args.draft_model or None, "vllm": args.vllm, "draft_cost_c": draft_cost or None,
                    "threads": args.threads, "quick": args.quick,
                    "run_seconds": round(time.monotonic() - started_run, 1)},
         "samples": [{k: v for k, v in dataclasses.asdict(s).items() if k != "token_ids"} for s in samples],

@@ -12,16 +12,7 @@ from __future__ import annotations
 
 import math
 
-
-def expected_tokens(alpha: float, k: float) -> float:
-    """E: tokens one round emits (accepted drafts + the target's own), for per-token acceptance alpha."""
-    if k <= 0:
-        return 1.0
-    if alpha >= 1.0:
-        return k + 1.0
-    if alpha <= 0.0:
-        return 1.0
-    return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
+from specdec.speedup import expected_tokens  # noqa: F401 (part of this module's API)
 
 
 def predicted_speedup(alpha: float, k: float, c: float = 0.0, rho: float = 0.0) -> float:

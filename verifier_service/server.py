@@ -17,7 +17,7 @@ from verifier_service.decode_loop import decode
 from verifier_service.draft_client import DraftLink
 from verifier_service.engine import TransformersEngine
 from verifier_service.sequences import CapacityExceeded, SequenceRegistry
-from verifier_service.speculation_policy import Rate, SpeculationPolicy
+from verifier_service.speculation_policy import RoundCost, SpeculationPolicy
 from verifier_service.stopping import LENGTH, STOP
 from verifier_service.validation import InvalidRequest, check_decode_request
 
@@ -38,7 +38,7 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServiceServicer):
         self.config = config
         self.draft = draft
         self.sequences = SequenceRegistry(config.max_sequences, config.max_cache_tokens, config.sequence_ttl_s)
-        self.plain_rate = Rate()  # tokens/s of plain rounds, shared by every request's policy
+        self.round_cost = RoundCost()  # round time against block size, and acceptance: shared by every request
         self._compute = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="verify-compute")
 
     async def run(self, fn, *args):
@@ -56,7 +56,8 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServiceServicer):
         except InvalidRequest as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         policy = SpeculationPolicy(self.config.num_speculative_tokens, self.config.max_speculative_tokens,
-                                   spec.num_speculative_tokens, self.config.spec_max_concurrency, self.plain_rate)
+                                   spec.num_speculative_tokens, self.config.spec_max_concurrency, self.round_cost,
+                                   spec.sampling.greedy)
         try:
             key, live = self.sequences.admit(spec.request_id, len(spec.prompt_ids) + spec.max_tokens)
         except CapacityExceeded as exc:

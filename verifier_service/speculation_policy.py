@@ -1,17 +1,25 @@
-"""How many tokens to draft this round (k), per request.
+"""How many tokens to draft this round (k), per request: the speedup model, fed with measurements.
 
-A request that sets k gets exactly that k. A request that leaves it unset gets
-adaptive speculation:
-- k follows acceptance, as in Hugging Face's heuristic: +2 after a fully
-  accepted block, -1 after a rejection, within [1, max_k];
-- speculation turns off when it stops paying: the measured tokens per second
-  of this request's drafted rounds falls below that of plain rounds (measured
-  server-wide, and re-probed now and then). It is retried after a cool-down
-  that doubles each time it fails again, so a request that reaches a
-  copy-heavy stretch later can still win;
-- speculation turns off while more sequences are live than
-  `max_concurrency` (the target has no spare compute to verify with), and back
-  on when load drops.
+A request that sets k gets exactly that k. A request that leaves it unset gets the k that
+maximises expected tokens per second,
+
+    k* = argmax_k  E(k, alpha) / T(k),   E(k, alpha) = (1 - alpha^(k+1)) / (1 - alpha),
+
+where E is the expected number of tokens a round emits when each draft token is accepted with
+probability alpha (Leviathan et al. 2023), and T(k) is the measured wall time of a round that
+verifies k draft tokens (forward pass, draft wait, transport), k = 0 being a plain step:
+- T(k) is learnt server-wide by `RoundCost` (round times are a property of the machine and the
+  model, not of the request): a line a + b*k fitted to the per-k averages of recent rounds;
+- alpha is this request's acceptance, starting from the server-wide acceptance of requests with
+  the same kind of sampling (greedy or not: sampled text is accepted far less often) as a prior
+  worth a few draft tokens, so that a request of a low-acceptance workload does not pay to find out;
+- after a fully accepted block the next one grows by 2 (acceptance comes in runs when the output
+  copies its input, which the i.i.d. model underrates), as long as the model says drafting pays;
+- k* = 0 turns speculation off ("not_paying"). The request then drafts again only after a
+  cool-down (8 plain rounds, doubling up to 256 each time the retry also loses), with a small
+  probe block, so a request that reaches a copy-heavy stretch later can still win;
+- speculation turns off while more sequences are live than `max_concurrency` (the target has no
+  spare compute to verify with), and back on when load drops.
 Every choice is lossless: k only changes how fast tokens arrive.
 """
 
@@ -19,44 +27,92 @@ from __future__ import annotations
 
 import dataclasses
 
-EWMA = 0.3  # weight of the newest round in the running averages
-MIN_DRAFTED_ROUNDS = 4  # rounds of evidence before speculation may be turned off
+from specdec.speedup import expected_tokens
+
+EWMA = 0.2  # weight of the newest sample in the running averages
+PRIOR_DRAFT_TOKENS = 4.0  # weight of the server-wide acceptance in a request's estimate, in draft tokens
+PRIOR_ALPHA = 0.5  # acceptance assumed before any draft has been verified
+PRIOR_SLOPE = 0.1  # T(k) = T(0) (1 + 0.1 k) until rounds at two block sizes have been measured
 COOLDOWN_ROUNDS = 8  # plain rounds before speculation is retried (doubles on each failed retry)
 MAX_COOLDOWN_ROUNDS = 256
-PROBE_EVERY = 64  # drafted rounds between plain rounds that refresh the plain-rate estimate
+PROBE_K = 1  # the block a retry drafts
+DECAY = 0.9  # a request's acceptance counts fade by this per drafted round, so it follows the text
 
 
 @dataclasses.dataclass
-class Rate:
-    """An exponentially weighted tokens-per-second estimate."""
-
+class Ewma:
     value: float | None = None
 
-    def add(self, tokens: int, seconds: float) -> None:
-        if seconds <= 0:
-            return
-        rate = tokens / seconds
-        self.value = rate if self.value is None else (1 - EWMA) * self.value + EWMA * rate
+    def add(self, sample: float) -> None:
+        self.value = sample if self.value is None else (1 - EWMA) * self.value + EWMA * sample
+
+
+class RoundCost:
+    """Server-wide: the wall time of a round against its block size, and the acceptance rate."""
+
+    def __init__(self):
+        self.seconds: dict[int, Ewma] = {}  # by verified draft tokens
+        self.acceptance: dict[bool, Ewma] = {True: Ewma(), False: Ewma()}  # by greedy
+
+    def observe(self, num_draft_tokens: int, num_accepted: int, round_s: float, greedy: bool = True) -> None:
+        if round_s > 0:
+            self.seconds.setdefault(num_draft_tokens, Ewma()).add(round_s)
+        if num_draft_tokens:
+            self.acceptance[greedy].add(num_accepted / num_draft_tokens)
+
+    def line(self) -> tuple[float, float] | None:
+        """(a, b) with T(k) = a + b k, or None before any round was timed."""
+        points = [(k, e.value) for k, e in self.seconds.items() if e.value is not None]
+        if not points:
+            return None
+        if len(points) == 1:
+            k, t = points[0]
+            a = t / (1 + PRIOR_SLOPE * k)
+            return a, a * PRIOR_SLOPE
+        n = len(points)
+        mean_k = sum(k for k, _ in points) / n
+        mean_t = sum(t for _, t in points) / n
+        var = sum((k - mean_k) ** 2 for k, _ in points)
+        b = max(0.0, sum((k - mean_k) * (t - mean_t) for k, t in points) / var)
+        return max(mean_t - b * mean_k, 1e-9), b
 
 
 class SpeculationPolicy:
     def __init__(self, default_k: int, max_k: int, requested_k: int | None = None, max_concurrency: int = 0,
-                 plain: Rate | None = None):
+                 cost: RoundCost | None = None, greedy: bool = True):
         self.max_k = max_k
         self.fixed = requested_k is not None
         self.k = min(max_k, default_k if requested_k is None else requested_k)
         self.max_concurrency = max_concurrency
-        self.drafted = Rate()  # tokens/s of this request's rounds that verified a draft block
-        self.plain = plain if plain is not None else Rate()  # tokens/s of rounds without one (shared)
-        self.drafted_rounds = 0
-        self.since_probe = 0
+        self.cost = cost if cost is not None else RoundCost()
+        self.greedy = greedy
+        self.drafted = 0.0  # this request's verified draft tokens (decayed)
+        self.accepted = 0.0
         self.cooldown = 0  # plain rounds left before speculation is retried
         self.next_cooldown = COOLDOWN_ROUNDS
+        self.probing = False
+        self.streak = 0  # the last block's length when it was fully accepted, else 0
         self.off_reason = ""
+
+    def alpha(self) -> float:
+        """This request's acceptance, with the server-wide one as a prior."""
+        server = self.cost.acceptance[self.greedy].value
+        prior = server if server is not None else PRIOR_ALPHA
+        return (self.accepted + prior * PRIOR_DRAFT_TOKENS) / (self.drafted + PRIOR_DRAFT_TOKENS)
+
+    def best_k(self) -> int:
+        """The k with the most expected tokens per second; 0 when no block beats a plain step."""
+        line = self.cost.line()
+        if line is None:
+            return self.k
+        a, b = line
+        alpha = min(self.alpha(), 0.999)
+        return max(range(self.max_k + 1), key=lambda k: (expected_tokens(alpha, k) / (a + b * k), -k))
 
     def block_size(self, remaining_tokens: int, remaining_context: int, live_sequences: int = 1) -> int:
         """k for the next round; 0 decodes without speculation."""
         self.off_reason = ""
+        k = self.k
         if not self.fixed:
             if self.max_concurrency and live_sequences > self.max_concurrency:
                 self.off_reason = "load"
@@ -64,35 +120,29 @@ class SpeculationPolicy:
             if self.cooldown > 0:
                 self.cooldown -= 1
                 self.off_reason = "not_paying"
+                self.probing = self.cooldown == 0
                 return 0
-            if self.k and (self.plain.value is None or self.since_probe >= PROBE_EVERY):
-                self.since_probe = 0
-                self.off_reason = "probe"  # measure a plain round to compare against
-                return 0
+            k = PROBE_K if self.probing else self.best_k()
+            if k and self.streak:
+                # Acceptance comes in runs (copying): after a fully accepted block, grow it as
+                # Hugging Face's heuristic does, even past what the i.i.d. model predicts.
+                k = max(k, min(self.max_k, self.streak + 2))
+            if k == 0:
+                self.cooldown = self.next_cooldown
+                self.next_cooldown = min(MAX_COOLDOWN_ROUNDS, self.next_cooldown * 2)
+                self.off_reason = "not_paying"
         # A round emits k + 1 tokens at most: keep it within max_tokens and the context.
-        return max(0, min(self.k, remaining_tokens - 1, remaining_context - 1))
+        return max(0, min(k, remaining_tokens - 1, remaining_context - 1))
 
     def observe(self, num_draft_tokens: int, num_accepted: int, round_s: float) -> None:
         """Learn from a verified round: its draft size, accepted count and wall time."""
-        emitted = num_accepted + 1
-        if num_draft_tokens == 0:
-            self.plain.add(emitted, round_s)
+        self.cost.observe(num_draft_tokens, num_accepted, round_s, self.greedy)
+        if not num_draft_tokens:
             return
-        self.drafted.add(emitted, round_s)
-        self.drafted_rounds += 1
-        self.since_probe += 1
-        if self.fixed:
-            return
-        self.k = min(self.max_k, self.k + 2) if num_accepted == num_draft_tokens else max(1, self.k - 1)
-        if self._not_paying():
-            self.cooldown = self.next_cooldown
-            self.next_cooldown = min(MAX_COOLDOWN_ROUNDS, self.next_cooldown * 2)
-            self.drafted_rounds = 0
-            self.drafted = Rate()
-        elif self.drafted_rounds >= MIN_DRAFTED_ROUNDS:
-            self.next_cooldown = COOLDOWN_ROUNDS
-
-    def _not_paying(self) -> bool:
-        if self.drafted_rounds < MIN_DRAFTED_ROUNDS or self.plain.value is None or self.drafted.value is None:
-            return False
-        return self.drafted.value < self.plain.value
+        self.drafted = DECAY * self.drafted + num_draft_tokens
+        self.accepted = DECAY * self.accepted + num_accepted
+        self.streak = num_draft_tokens if num_accepted == num_draft_tokens else 0
+        if self.probing:
+            self.probing = False
+            if num_accepted == num_draft_tokens:
+                self.next_cooldown = COOLDOWN_ROUNDS  # the retry paid: back to short cool-downs

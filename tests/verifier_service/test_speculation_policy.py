@@ -1,46 +1,72 @@
-"""Adaptive speculation: k follows acceptance; it turns off when it does not pay or under load."""
+"""Adaptive speculation: k from the speedup model with measured round times and acceptance."""
 
-from verifier_service.speculation_policy import Rate, SpeculationPolicy
+import pytest
+
+from verifier_service.speculation_policy import COOLDOWN_ROUNDS, PROBE_K, RoundCost, SpeculationPolicy
+
+
+def cost_of(a: float, b: float, acceptance: float | None = None) -> RoundCost:
+    """A RoundCost that has seen rounds taking a + b k seconds at k = 0 and k = 4."""
+    cost = RoundCost()
+    for _ in range(3):
+        cost.observe(0, 0, a)
+        cost.observe(4, 0, a + 4 * b)
+    cost.acceptance[True].value = acceptance
+    return cost
+
+
+def test_round_cost_fits_a_line_through_the_measured_block_sizes():
+    a, b = cost_of(0.05, 0.02).line()
+    assert a == pytest.approx(0.05) and b == pytest.approx(0.02)
 
 
 def test_a_requested_k_is_kept_exactly():
-    policy = SpeculationPolicy(default_k=4, max_k=16, requested_k=7, plain=Rate(10.0))
+    policy = SpeculationPolicy(default_k=4, max_k=16, requested_k=7, cost=cost_of(0.05, 0.05, 0.0))
     policy.observe(7, 0, 0.1)
     assert policy.block_size(100, 1000, live_sequences=99) == 7
 
 
-def test_k_grows_after_full_acceptance_and_shrinks_after_rejection():
-    policy = SpeculationPolicy(default_k=4, max_k=16, plain=Rate(10.0))
-    policy.observe(4, 4, 0.1)
-    assert policy.k == 6
-    policy.observe(6, 2, 0.1)
-    assert policy.k == 5
+def test_cheap_verification_and_high_acceptance_choose_a_long_block():
+    policy = SpeculationPolicy(default_k=4, max_k=16, cost=cost_of(0.05, 0.002, acceptance=0.9))
+    assert policy.block_size(1000, 1000) >= 8
+
+
+def test_expensive_verification_and_low_acceptance_turn_speculation_off_then_probe():
+    # this CPU in bf16: a 4-token block costs about 2.4 plain steps
+    policy = SpeculationPolicy(default_k=4, max_k=16, cost=cost_of(0.07, 0.025, acceptance=0.2))
+    assert policy.block_size(1000, 1000) == 0 and policy.off_reason == "not_paying"
+    for _ in range(COOLDOWN_ROUNDS):
+        assert policy.block_size(1000, 1000) == 0
+    assert policy.block_size(1000, 1000) == PROBE_K  # cool-down over: a small retry
+
+
+def test_acceptance_of_this_request_overrides_the_server_prior():
+    policy = SpeculationPolicy(default_k=4, max_k=16, cost=cost_of(0.07, 0.025, acceptance=0.2))
+    for _ in range(6):
+        policy.observe(4, 4, 0.17)  # this request's drafts are all accepted (copying)
+    assert policy.block_size(1000, 1000) > 0
 
 
 def test_k_never_passes_max_tokens():
-    policy = SpeculationPolicy(default_k=8, max_k=16, plain=Rate(10.0))
+    policy = SpeculationPolicy(default_k=8, max_k=16, cost=cost_of(0.05, 0.001, acceptance=0.95))
     assert policy.block_size(remaining_tokens=3, remaining_context=1000) == 2
 
 
-def test_speculation_turns_off_when_drafted_rounds_are_slower_then_retries():
-    policy = SpeculationPolicy(default_k=4, max_k=16, plain=Rate(20.0))  # plain rounds: 20 tokens/s
-    for _ in range(4):
-        assert policy.block_size(1000, 1000) > 0
-        policy.observe(4, 0, 0.1)  # 1 token in 0.1 s = 10 tokens/s: slower than plain
-    assert policy.block_size(1000, 1000) == 0 and policy.off_reason == "not_paying"
-    for _ in range(7):
-        policy.block_size(1000, 1000)
-    assert policy.block_size(1000, 1000) > 0  # cool-down over: retried
-
-
 def test_speculation_turns_off_under_load_and_back_on():
-    policy = SpeculationPolicy(default_k=4, max_k=16, max_concurrency=4, plain=Rate(10.0))
+    policy = SpeculationPolicy(default_k=4, max_k=16, max_concurrency=4)
     assert policy.block_size(1000, 1000, live_sequences=8) == 0 and policy.off_reason == "load"
-    assert policy.block_size(1000, 1000, live_sequences=2) == 4
+    assert policy.block_size(1000, 1000, live_sequences=2) == 4  # nothing measured yet: the default k
 
 
-def test_a_plain_round_is_measured_first():
-    policy = SpeculationPolicy(default_k=4, max_k=16, plain=Rate())
-    assert policy.block_size(1000, 1000) == 0 and policy.off_reason == "probe"
-    policy.observe(0, 0, 0.05)
-    assert policy.block_size(1000, 1000) == 4
+def test_sampled_requests_take_their_prior_from_sampled_requests():
+    cost = cost_of(0.07, 0.025, acceptance=0.9)  # greedy requests copy well
+    cost.acceptance[False].value = 0.05  # sampled ones do not
+    assert SpeculationPolicy(4, 16, cost=cost, greedy=True).block_size(1000, 1000) > 0
+    assert SpeculationPolicy(4, 16, cost=cost, greedy=False).block_size(1000, 1000) == 0
+
+
+def test_a_fully_accepted_block_grows_the_next_one():
+    policy = SpeculationPolicy(4, 16, cost=cost_of(0.07, 0.025, acceptance=0.5))
+    k = policy.block_size(1000, 1000)
+    policy.observe(k, k, 0.07 + 0.025 * k)
+    assert policy.block_size(1000, 1000) >= k + 2

@@ -168,7 +168,7 @@ def test_round_time_does_not_grow_with_context(stack, tokenizer):
 
     def round_ms(length):
         prompt = (base * (length // len(base) + 1))[:length]
-        started, first, rounds = time.perf_counter(), None, 0
+        first, rounds = None, 0
         for message in verifier.Decode(verifier_pb2.DecodeRequest(
                 request_id="ctx", prompt_token_ids=prompt, max_tokens=64, num_speculative_tokens=4,
                 sampling=common_pb2.SamplingParams(temperature=0.0)), timeout=120):
