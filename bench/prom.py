@@ -2,27 +2,24 @@
 
 from __future__ import annotations
 
-import re
-import urllib.request
-
-_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+([-+0-9.eEinfNa]+)$")
+from specdec.stack import parse_metrics, scrape_metrics
 
 
-def parse(text: str) -> dict[str, float]:
-    """Unlabelled samples by name (labelled ones are summed over their labels)."""
+def by_name(samples: dict[tuple[str, tuple], float]) -> dict[str, float]:
+    """Samples by name, labelled ones summed over their labels; histogram buckets left out."""
     values: dict[str, float] = {}
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        match = _SAMPLE.match(line.strip())
-        if match and not (match.group(2) and "le=" in match.group(2)):
-            values[match.group(1)] = values.get(match.group(1), 0.0) + float(match.group(3))
+    for (name, labels), value in samples.items():
+        if not any(key == "le" for key, _ in labels):
+            values[name] = values.get(name, 0.0) + value
     return values
 
 
+def parse(text: str) -> dict[str, float]:
+    return by_name(parse_metrics(text))
+
+
 def scrape(port: int, timeout_s: float = 5.0) -> dict[str, float]:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=timeout_s) as reply:
-        return parse(reply.read().decode())
+    return by_name(scrape_metrics(port, timeout_s))
 
 
 HISTOGRAMS = ("specdec_verify_forward_seconds", "specdec_draft_wait_seconds")

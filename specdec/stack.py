@@ -119,13 +119,17 @@ def running_stack(target_dir, draft_dir=None, method: str = "ngram", verifier_ar
             service.stop()
 
 
-def scrape_metrics(port: int) -> dict[tuple[str, tuple], float]:
+def parse_metrics(text: str) -> dict[tuple[str, tuple], float]:
+    """A /metrics page -> {(sample name, sorted labels): value}."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
+            for family in text_string_to_metric_families(text) for sample in family.samples}
+
+
+def scrape_metrics(port: int, timeout_s: float = 10.0) -> dict[tuple[str, tuple], float]:
     """GET a service's /metrics -> {(sample name, sorted labels): value}."""
     import urllib.request
 
-    from prometheus_client.parser import text_string_to_metric_families
-
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
-        text = reply.read().decode()
-    return {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
-            for family in text_string_to_metric_families(text) for sample in family.samples}
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=timeout_s) as reply:
+        return parse_metrics(reply.read().decode())

@@ -106,3 +106,18 @@ def build_other_tokenizer_model(root: pathlib.Path) -> pathlib.Path:
     tokenizer = build_tokenizer(out, vocab_size=300)
     build_tiny_model(out, len(tokenizer), tokenizer.convert_tokens_to_ids("<|im_end|>"), seed=2)
     return out
+
+
+def pooled_chi_square_p_value(observed, probs) -> float:
+    """Pearson goodness of fit of token counts to probabilities over a large vocabulary.
+
+    observed: [V] counts; probs: [V] the distribution they should follow (numpy or lists).
+    Tokens expected fewer than 5 times are pooled into one bin, as the chi-square approximation needs.
+    """
+    import numpy as np
+    from scipy import stats
+
+    observed, expected = np.asarray(observed, dtype=float), np.asarray(probs, dtype=float) * np.sum(observed)
+    small = expected < 5
+    return float(stats.chisquare(np.append(observed[~small], observed[small].sum()),
+                                 np.append(expected[~small], expected[small].sum())).pvalue)

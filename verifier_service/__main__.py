@@ -22,25 +22,25 @@ DEFAULTS = {"port": 50052, "metrics_port": 9102}
 
 
 def build_engine(cfg: VerifierConfig, draft: DraftLink | None):
-    """(engine, model or a weightless stand-in for describe())."""
+    """(engine, its parameter count; 0 where the engine keeps the weights to itself)."""
     if cfg.engine == "vllm":
         from verifier_service.vllm_engine import VllmEngine
 
         log.info("starting the vLLM engine on %s (%s)", cfg.model, cfg.dtype)
-        return VllmEngine(cfg, draft, asyncio.get_running_loop()), models.load_config_only(cfg.model)
+        return VllmEngine(cfg, draft, asyncio.get_running_loop()), 0
     log.info("loading target model %s (%s, %s)", cfg.model, cfg.device, cfg.dtype)
     model = models.load_causal_lm(cfg.model, cfg.device, cfg.dtype)
-    return TransformersEngine(model, cfg.device), model
+    return TransformersEngine(model, cfg.device), sum(p.numel() for p in model.parameters())
 
 
 async def serve(server_cfg: specdec_config.ServerConfig, cfg: VerifierConfig) -> None:
     if not cfg.model:
         raise models.ModelLoadError("--model is required (run `make model` for the default SmolLM2-135M-Instruct)")
     tokenizer = models.load_tokenizer(cfg.model)
+    # from the config alone: the draft link needs it before the engine (which may be vLLM's) starts
     info = models.describe(cfg.model, tokenizer, models.load_config_only(cfg.model))
     draft = DraftLink(cfg.draft, server_cfg, info, cfg.draft_timeout_ms / 1000) if cfg.draft else None
-    engine, model = build_engine(cfg, draft)
-    info.CopyFrom(models.describe(cfg.model, tokenizer, model))
+    engine, info.num_parameters = build_engine(cfg, draft)
     info.max_context = engine.max_context
     if cfg.draft:
         try:

@@ -37,7 +37,6 @@ log = logging.getLogger(__name__)
 
 SUPPORTED_VLLM = "0.32."  # the custom_class proposer interface is experimental; other releases may change it
 PROPOSER = "verifier_service.vllm_proposer.RemoteDraftProposer"
-FINISHED = object()
 
 
 def import_vllm():
@@ -109,7 +108,7 @@ class VllmEngine:
         self._thread.start()
 
     async def decode(self, spec: DecodeSpec, draft: DraftLink | None, policy: SpeculationPolicy, tokenizer,
-                     eos_token_ids: list[int], live_sequences=None) -> typing.AsyncIterator[tuple[RoundOutput, Stats]]:
+                     eos_token_ids: list[int]) -> typing.AsyncIterator[tuple[RoundOutput, Stats]]:
         """Generate one sequence; yields what each engine step emitted for it, with the running statistics."""
         stats = Stats()
         stopper = StopChecker(eos_token_ids, spec.max_tokens, spec.stop, tokenizer, spec.prompt_ids)
