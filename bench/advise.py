@@ -57,7 +57,7 @@ def load_prompts(path: str, limit: int, max_tokens: int) -> list[Prompt]:
     if file.suffix == ".jsonl":
         prompts = load_workload(str(file), limit, max_tokens)
     else:
-        from gateway.cli import chatml
+        from specdec.chat_format import chatml
 
         lines = [line.strip() for line in file.read_text().splitlines() if line.strip()]
         prompts = [Prompt("custom", f"line{i}", chatml(line), max_tokens) for i, line in enumerate(lines[:limit])]

@@ -11,6 +11,8 @@ import dataclasses
 import time
 
 from bench import prom
+from specdec.config import ModelConfig, choices
+from verifier_service.config import VerifierConfig
 from bench.workloads import Prompt
 
 
@@ -188,9 +190,10 @@ def draft_step_seconds(model_dir: str, dtype: str, threads: int, context: int = 
 def add_stack_options(parser, repeats: int, max_tokens: int = 48) -> None:
     """The options of the load tools (bench.context, bench.concurrency) that choose and start the stack."""
     parser.add_argument("--model", required=True, help="target model directory")
-    parser.add_argument("--engine", default="transformers", choices=["transformers", "vllm"], help="verifier engine")
+    parser.add_argument("--engine", default="transformers", choices=choices(VerifierConfig, "engine"),
+                        help="verifier engine")
     parser.add_argument("--vllm-python", default=".venv-vllm/bin/python", help="the interpreter with vLLM")
-    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    parser.add_argument("--dtype", default="bfloat16", choices=choices(ModelConfig, "dtype"))
     parser.add_argument("--max-tokens", type=int, default=max_tokens)
     parser.add_argument("--repeats", type=int, default=repeats)
     parser.add_argument("--threads", type=int, default=2, help="torch threads of the transformers verifier")

@@ -10,7 +10,7 @@ import dataclasses
 import json
 import pathlib
 
-from gateway.cli import chatml
+from specdec.chat_format import chatml
 
 WORKLOAD_DIR = pathlib.Path(__file__).resolve().parent / "workloads"
 # The order of the default run and of the report.

@@ -5,8 +5,6 @@ from __future__ import annotations
 import logging
 import sys
 
-import torch
-
 from draft_service.config import DraftConfig
 from draft_service.model_draft import ModelProposer
 from draft_service.ngram import NgramProposer
@@ -42,15 +40,9 @@ async def serve(server_cfg: specdec_config.ServerConfig, cfg: DraftConfig) -> No
     await serve_until_signal(running, server_cfg, f"draft service ({cfg.method})")
 
 
-def set_up_torch(cfg: DraftConfig) -> None:
-    torch.set_grad_enabled(False)
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
-
-
 def main(argv: list[str] | None = None) -> int:
     return run_main("python -m draft_service", "Draft service: proposes blocks of speculative tokens.", DraftConfig,
-                    DEFAULTS, "specdec-draft", serve, argv, before=set_up_torch)
+                    DEFAULTS, "specdec-draft", serve, argv)
 
 
 if __name__ == "__main__":

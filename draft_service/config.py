@@ -4,18 +4,15 @@ from __future__ import annotations
 
 import dataclasses
 
-from specdec.config import option
+from specdec.config import ModelConfig, option
 
 
 @dataclasses.dataclass(frozen=True)
-class DraftConfig:
+class DraftConfig(ModelConfig):
     """Draft proposer"""
 
     model: str = option("", "draft model dir (method=model), or the tokenizer dir the n-gram proposer reports")
     method: str = option("ngram", "proposer", choices=["model", "ngram"])
-    device: str = option("cpu", "torch device for the draft model", choices=["cpu", "cuda"])
-    dtype: str = option("float32", "draft model dtype", choices=["float32", "bfloat16", "float16"])
-    threads: int = option(0, "torch CPU threads for the draft model (0 keeps torch's default)")
     ngram_min: int = option(1, "shortest n-gram the lookup matches")
     ngram_max: int = option(4, "longest n-gram the lookup matches")
     max_sequences: int = option(256, "live sequences at most; more get RESOURCE_EXHAUSTED")

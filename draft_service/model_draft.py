@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from draft_service.proposer import DraftSequence, Proposal, Proposer
+from specdec.draft_block import DraftBlock
+from draft_service.proposer import DraftSequence, Proposer
 from specdec.sampling import SamplingParams, make_generator, probs_from_logits, sample
 from specdec.kv_cache import new_cache, rollback_cache
 
@@ -25,7 +26,7 @@ class ModelSequence(DraftSequence):
         super().__init__(prompt_ids)
 
     @torch.inference_mode()
-    def propose(self, k: int) -> Proposal:
+    def propose(self, k: int) -> DraftBlock:
         proposal, rows = [], []
         for _ in range(k):
             logits = self._feed(self.tokens[self.cached_length :])  # [V] after the last token
@@ -36,7 +37,7 @@ class ModelSequence(DraftSequence):
             proposal.append(token)
             rows.append(q)
         probs = torch.stack(rows) if (self.return_probs and rows) else None  # [k, V]
-        return Proposal(proposal, probs)
+        return DraftBlock(proposal, probs)
 
     def _feed(self, token_ids: list[int]) -> torch.Tensor:
         input_ids = torch.tensor([token_ids], dtype=torch.long, device=self.model.device)  # [1, n]

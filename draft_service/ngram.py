@@ -8,7 +8,8 @@ the context; rollback undoes index writes from a log.
 
 from __future__ import annotations
 
-from draft_service.proposer import DraftSequence, Proposal, Proposer
+from specdec.draft_block import DraftBlock
+from draft_service.proposer import DraftSequence, Proposer
 from specdec.sampling import SamplingParams
 
 
@@ -21,15 +22,15 @@ class NgramSequence(DraftSequence):
         self._undo: list[list[tuple[tuple[int, ...], int | None]]] = []
         super().__init__(prompt_ids)
 
-    def propose(self, k: int) -> Proposal:
+    def propose(self, k: int) -> DraftBlock:
         tokens = self.tokens
         for n in range(min(self.max_n, len(tokens)), self.min_n - 1, -1):
             start = self._index.get(tuple(tokens[-n:]))
             if start is not None:
                 proposal = tokens[start : start + k]
                 self._extend(proposal)
-                return Proposal(proposal, None)
-        return Proposal([], None)
+                return DraftBlock(proposal, None)
+        return DraftBlock.empty()
 
     def _extend(self, token_ids: list[int]) -> None:
         for token in token_ids:

@@ -10,21 +10,14 @@ rolls them back, so a fully accepted block costs nothing to keep.
 from __future__ import annotations
 
 import abc
-import dataclasses
 
-import torch
 
+from specdec.draft_block import DraftBlock
 from specdec.sampling import SamplingParams
 
 
 class ProposerError(ValueError):
     """A request the proposer cannot honour; the message says why."""
-
-
-@dataclasses.dataclass
-class Proposal:
-    token_ids: list[int]  # [k'] with k' <= k (n-gram may find fewer)
-    probs: torch.Tensor | None  # [k', V] the draft distribution q; None means one-hot (deterministic)
 
 
 class DraftSequence(abc.ABC):
@@ -44,7 +37,7 @@ class DraftSequence(abc.ABC):
             self._extend(list(append_token_ids))
 
     @abc.abstractmethod
-    def propose(self, k: int) -> Proposal:
+    def propose(self, k: int) -> DraftBlock:
         """Propose up to k tokens after `tokens`, and append them to it."""
 
     @abc.abstractmethod

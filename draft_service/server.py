@@ -17,7 +17,8 @@ import grpc
 from opentelemetry import trace
 
 from draft_service.config import DraftConfig
-from draft_service.proposer import DraftSequence, Proposal, Proposer, ProposerError
+from specdec.draft_block import DraftBlock
+from draft_service.proposer import DraftSequence, Proposer, ProposerError
 from specdec import limits, metrics
 from specdec.sampling import from_proto
 from specdec.v1 import common_pb2, draft_pb2, draft_pb2_grpc
@@ -74,15 +75,13 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                 f"num_tokens {block.num_tokens} exceeds --max-speculative-tokens "
                                 f"{self.config.max_speculative_tokens}")
-        if any(t < 0 or t >= self.info.vocab_size for t in block.append_token_ids):
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                                f"next.append_token_ids must be in [0, {self.info.vocab_size})")
-        if block.keep_length > len(sequence.tokens):
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
-                                f"next.keep_length {block.keep_length} is past the draft's sequence length "
-                                f"{len(sequence.tokens)}")
+        problems = limits.token_ids_problems(list(block.append_token_ids), self.info.vocab_size,
+                                             "next.append_token_ids")
+        if problems:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "; ".join(problems))
         longest = self._max_tokens()
-        if block.keep_length + len(block.append_token_ids) + block.num_tokens > longest:
+        kept = min(block.keep_length, len(sequence.tokens))  # a keep_length past the sequence: update() says so
+        if kept + len(block.append_token_ids) + block.num_tokens > longest:
             await context.abort(grpc.StatusCode.OUT_OF_RANGE,
                                 f"next: keep_length {block.keep_length} + {len(block.append_token_ids)} "
                                 f"append_token_ids + num_tokens {block.num_tokens} exceeds the draft's limit of "
@@ -92,8 +91,8 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
         started = time.perf_counter()
         try:
             proposal = await self._run(self._step, sequence, block)
-        except ProposerError as exc:
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+        except ProposerError as exc:  # e.g. keep_length past the draft's sequence
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"next: {exc}")
         metrics.DRAFT_TOKENS_PROPOSED.inc(len(proposal.token_ids))
         trace.get_current_span().add_event("propose", {
             "k": block.num_tokens, "proposed": len(proposal.token_ids),
@@ -106,7 +105,7 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
     @staticmethod
     def _step(sequence: DraftSequence, block: draft_pb2.NextBlock):
         sequence.update(block.keep_length, list(block.append_token_ids))
-        return sequence.propose(block.num_tokens) if block.num_tokens else Proposal([], None)
+        return sequence.propose(block.num_tokens) if block.num_tokens else DraftBlock.empty()
 
     async def _run(self, fn, *args):
         """Cheap proposers run on the event loop; model proposers on the compute thread."""
@@ -124,9 +123,8 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
         if len(start.prompt_token_ids) > self._max_tokens():
             return (f"start.prompt_token_ids has {len(start.prompt_token_ids)} tokens; the draft keeps at most "
                     f"{self._max_tokens()}")
-        bad = [t for t in start.prompt_token_ids if t < 0 or t >= self.info.vocab_size]
-        if bad:
-            return f"start.prompt_token_ids has ids outside the vocabulary [0, {self.info.vocab_size}): {bad[:5]}"
-        problems = from_proto(start.sampling).problems()
-        return "start.sampling: " + "; ".join(problems) if problems else None
+        problems = limits.token_ids_problems(list(start.prompt_token_ids), self.info.vocab_size,
+                                             "start.prompt_token_ids")
+        problems += [f"start.sampling.{p}" for p in from_proto(start.sampling).problems()]
+        return "; ".join(problems) or None
 

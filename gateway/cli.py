@@ -16,14 +16,10 @@ import sys
 
 import grpc
 
+from specdec.chat_format import chatml
 from specdec.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 
 EXIT_RPC_ERROR = 1
-
-
-def chatml(prompt: str) -> str:
-    """Wrap a user message in the ChatML format SmolLM2-Instruct was trained on."""
-    return f"<|im_start|>user\n{prompt}<|im_end|>\n<|im_start|>assistant\n"
 
 
 def build_parser() -> argparse.ArgumentParser:

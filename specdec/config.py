@@ -109,3 +109,19 @@ class ServerConfig:
     max_message_mb: int = option(16, "largest gRPC message accepted, in MiB")
     log_level: str = option("INFO", "logging level", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     grace_s: float = option(5.0, "seconds to drain in-flight calls on shutdown")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """Model, device and threads: what a service that runs a torch model needs (the verifier and the draft)"""
+
+    model: str = option("", "model directory")
+    device: str = option("cpu", "torch device", choices=["cpu", "cuda"])
+    dtype: str = option("float32", "model dtype (equality with plain greedy is exact in float32)",
+                        choices=["float32", "bfloat16", "float16"])
+    threads: int = option(0, "torch CPU threads (0 keeps torch's default)")
+
+
+def choices(config_type: type, name: str) -> list:
+    """The allowed values of one option, for tools that offer the same flag."""
+    return next(f.metadata["choices"] for f in dataclasses.fields(config_type) if f.name == name)

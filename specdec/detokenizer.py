@@ -35,6 +35,13 @@ class IncrementalDetokenizer:
         self.text += delta
         return delta
 
+    @property
+    def pending(self) -> str:
+        """Complete characters held back because the last token also starts an incomplete one."""
+        prefix = self._decode(self._ids[self._prefix_offset : self._read_offset])
+        full = self._decode(self._ids[self._prefix_offset :])
+        return full[len(prefix) :].rstrip(REPLACEMENT) if len(full) > len(prefix) else ""
+
     def flush(self) -> str:
         """At the end: whatever is still held back (an incomplete character becomes U+FFFD)."""
         prefix = self._decode(self._ids[self._prefix_offset : self._read_offset])

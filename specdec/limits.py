@@ -12,6 +12,10 @@ MAX_DRAFT_SEQUENCE_TOKENS = 1 << 20
 def prompt_ids_problems(ids: list[int], vocab_size: int, field: str) -> list[str]:
     if not ids:
         return [f"{field} must not be empty"]
+    return token_ids_problems(ids, vocab_size, field)
+
+
+def token_ids_problems(ids: list[int], vocab_size: int, field: str) -> list[str]:
     bad = [t for t in ids if t < 0 or t >= vocab_size]
     if bad:
         return [f"{field} has {len(bad)} ids outside the vocabulary [0, {vocab_size}), e.g. {bad[:5]}"]

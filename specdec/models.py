@@ -121,3 +121,12 @@ def tokenizer_mismatch(target: common_pb2.ModelInfo, draft: common_pb2.ModelInfo
         + "; ".join(differences)
         + ". Speculative decoding needs one tokenizer: pick a draft from the target's model family."
     )
+
+
+def set_up_torch(threads: int) -> None:
+    """Inference only; `threads` CPU threads (0 keeps torch's default)."""
+    import torch
+
+    torch.set_grad_enabled(False)
+    if threads:
+        torch.set_num_threads(threads)

@@ -31,14 +31,13 @@ def run_main(
     serve: typing.Callable[[specdec_config.ServerConfig, typing.Any], typing.Awaitable[None]],
     argv: list[str] | None = None,
     fatal: tuple[type[BaseException], ...] = (),
-    before: typing.Callable[[typing.Any], None] | None = None,
 ) -> int:
     """Parse flags/env into (ServerConfig, config_type), run `serve`; exit 2 with one line on a start-up error."""
     server_cfg, cfg = specdec_config.parse([specdec_config.ServerConfig, config_type], description, argv,
                                            defaults=defaults, prog=prog)
     grpc_server.setup_logging(server_cfg.log_level)
-    if before is not None:
-        before(cfg)
+    if isinstance(cfg, specdec_config.ModelConfig):
+        models.set_up_torch(cfg.threads)
     provider = telemetry.setup_tracing(service_name)
     try:
         asyncio.run(serve(server_cfg, cfg))

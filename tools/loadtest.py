@@ -25,11 +25,7 @@ import time
 
 import grpc
 
-REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
-
-from specdec.v1 import gateway_pb2, gateway_pb2_grpc  # noqa: E402
+from specdec.v1 import gateway_pb2, gateway_pb2_grpc
 
 PROMPTS = [
     "Hello", "The quick brown fox", '{"name": "Ada", "age": 36}', "SELECT id FROM users", "def add(a, b):",

@@ -19,16 +19,14 @@ import time
 import torch
 from tqdm import tqdm
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from draft_service.ngram import NgramProposer
+from specdec.chat_format import chatml
+from specdec.draft_block import DraftBlock
+from specdec.models import load_causal_lm, load_tokenizer
+from specdec.sampling import SamplingParams, make_generator
+from verifier_service.engine import TransformersEngine, verify_block
 
-from draft_service.ngram import NgramProposer  # noqa: E402
-from gateway.cli import chatml  # noqa: E402
-from specdec.models import load_causal_lm, load_tokenizer  # noqa: E402
-from specdec.sampling import SamplingParams, make_generator  # noqa: E402
-from verifier_service.decode_loop import verify_block  # noqa: E402
-from verifier_service.draft_client import Block  # noqa: E402
-from verifier_service.engine import TransformersEngine  # noqa: E402
+ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 PROMPTS = [
     "Convert this JSON to YAML: {\"name\": \"Ada\", \"langs\": [\"python\", \"c\"], \"age\": 36}",
@@ -65,7 +63,7 @@ def speculative_greedy(engine, prompt_ids, max_tokens, k, eos):
         proposal = sequence.propose(min(k, room)) if room > 0 else None
         tokens = proposal.token_ids if proposal else []
         before = len(state.tokens)
-        verdict, _ = verify_block(engine, state, Block(tokens, None), SamplingParams(), generator)
+        verdict, _ = verify_block(engine, state, DraftBlock(tokens, None), SamplingParams(), generator)
         emitted = verdict.emitted(tokens)
         sequence.update(before + verdict.num_accepted, [verdict.next_token])
         for token in emitted:

@@ -13,11 +13,10 @@ import signal
 import sys
 import time
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from gateway import cli
+from specdec.stack import running_stack
 
-from gateway import cli  # noqa: E402
-from specdec.stack import running_stack  # noqa: E402
+ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 DEMO_PROMPT = "Give three short tips for writing clear Python code."
 PORTS = {"gateway": (50051, 9101), "verifier": (50052, 9102), "draft": (50053, 9103)}

@@ -6,13 +6,12 @@ import asyncio
 import logging
 import sys
 
-import torch
-
 from specdec import config as specdec_config
 from specdec import grpc_server, models
 from specdec.service_main import run_main, serve_until_signal
 from specdec.v1 import verifier_pb2, verifier_pb2_grpc
 from verifier_service.config import VerifierConfig
+from verifier_service.decode_loop import Engine
 from verifier_service.draft_client import DraftIncompatible, DraftLink, DraftUnavailable
 from verifier_service.engine import TransformersEngine
 from verifier_service.server import VerifierServicer
@@ -21,13 +20,13 @@ log = logging.getLogger("verifier_service")
 DEFAULTS = {"port": 50052, "metrics_port": 9102}
 
 
-def build_engine(cfg: VerifierConfig, draft: DraftLink | None):
+def build_engine(cfg: VerifierConfig, info) -> tuple[Engine, int]:
     """(engine, its parameter count; 0 where the engine keeps the weights to itself)."""
     if cfg.engine == "vllm":
         from verifier_service.vllm_engine import VllmEngine
 
         log.info("starting the vLLM engine on %s (%s)", cfg.model, cfg.dtype)
-        return VllmEngine(cfg, draft, asyncio.get_running_loop()), 0
+        return VllmEngine(cfg, bool(cfg.draft), list(info.eos_token_ids), asyncio.get_running_loop()), 0
     log.info("loading target model %s (%s, %s)", cfg.model, cfg.device, cfg.dtype)
     model = models.load_causal_lm(cfg.model, cfg.device, cfg.dtype)
     return TransformersEngine(model, cfg.device), sum(p.numel() for p in model.parameters())
@@ -40,7 +39,7 @@ async def serve(server_cfg: specdec_config.ServerConfig, cfg: VerifierConfig) ->
     # from the config alone: the draft link needs it before the engine (which may be vLLM's) starts
     info = models.describe(cfg.model, tokenizer, models.load_config_only(cfg.model))
     draft = DraftLink(cfg.draft, server_cfg, info, cfg.draft_timeout_ms / 1000) if cfg.draft else None
-    engine, info.num_parameters = build_engine(cfg, draft)
+    engine, info.num_parameters = build_engine(cfg, info)
     info.max_context = engine.max_context
     if cfg.draft:
         try:
@@ -57,16 +56,9 @@ async def serve(server_cfg: specdec_config.ServerConfig, cfg: VerifierConfig) ->
     await serve_until_signal(running, server_cfg, f"verifier ({cfg.model})")
 
 
-def set_up_torch(cfg: VerifierConfig) -> None:
-    torch.set_grad_enabled(False)
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
-
-
 def main(argv: list[str] | None = None) -> int:
     return run_main("python -m verifier_service", "Verifier service: the target model and the rounds.",
-                    VerifierConfig, DEFAULTS, "specdec-verifier", serve, argv, fatal=(DraftIncompatible,),
-                    before=set_up_torch)
+                    VerifierConfig, DEFAULTS, "specdec-verifier", serve, argv, fatal=(DraftIncompatible,))
 
 
 if __name__ == "__main__":

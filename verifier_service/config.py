@@ -4,17 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 
-from specdec.config import option
+from specdec.config import ModelConfig, option
 
 
 @dataclasses.dataclass(frozen=True)
-class VerifierConfig:
+class VerifierConfig(ModelConfig):
     """Target model and speculation"""
 
     model: str = option("", "target model: a local directory (or a hub id where a hub is reachable)")
-    device: str = option("cpu", "torch device", choices=["cpu", "cuda"])
-    dtype: str = option("float32", "target dtype (equality with plain greedy is exact in float32)",
-                        choices=["float32", "bfloat16", "float16"])
     engine: str = option("transformers", "verifier engine", choices=["transformers", "vllm"])
     draft: str = option("", "draft service HOST:PORT; empty decodes without speculation")
     num_speculative_tokens: int = option(4, "default block length k when a request leaves it unset")
@@ -26,7 +23,15 @@ class VerifierConfig:
     max_sequences: int = option(64, "live sequences at most; more get RESOURCE_EXHAUSTED")
     max_cache_tokens: int = option(262144, "tokens (prompt + max_tokens, reserved) in all KV caches at most")
     sequence_ttl_s: float = option(300.0, "a sequence idle this long is dropped and its cache freed")
-    threads: int = option(0, "torch CPU threads (0 keeps torch's default)")
     vllm_kv_cache_gib: int = option(1, "--engine vllm on CPU: KV cache space in GiB (VLLM_CPU_KVCACHE_SPACE)")
     vllm_max_model_len: int = option(0, "--engine vllm: context length (0: the model's)")
     vllm_compile: bool = option(False, "--engine vllm: torch.compile / CUDA graphs (slower start, faster steps)")
+    vllm_tensor_parallel_size: int = option(
+        1, "--engine vllm: GPUs that split each layer (tensor parallel; within one node). With --draft: 1")
+    vllm_pipeline_parallel_size: int = option(
+        1, "--engine vllm: stages that split the layers (pipeline parallel; may span nodes). With --draft: 1")
+    vllm_gpu_memory_utilization: float = option(
+        0.9, "--engine vllm: fraction of each GPU's memory vLLM may use (weights, activations, then KV cache)")
+    vllm_distributed_executor_backend: str = option(
+        "", "--engine vllm: how vLLM runs its workers: mp (processes on this node), ray (several nodes), "
+            "empty: vLLM's choice (in-process for 1 GPU, else mp)", choices=["", "mp", "ray"])

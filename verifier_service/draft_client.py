@@ -3,14 +3,14 @@
 `DraftLink` owns the channel to the draft service and a shared back-off: when
 the draft fails, every sequence decodes without it until the back-off expires,
 then the next sequence to ask reconnects. `DraftSession` is one sequence's
-stream. Any failure (the draft died, was too slow, or answered nonsense) raises
-DraftUnavailable, and the decode loop carries on without speculation.
+handle: its stream and its position in the draft. Any failure (the draft died,
+was too slow, or answered nonsense) gives that round an empty block with the
+reason, and the engine carries on without speculation.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import time
 
@@ -20,6 +20,7 @@ import torch
 
 from specdec import grpc_server, models
 from specdec.config import ServerConfig
+from specdec.draft_block import DraftBlock
 from specdec.sampling import SamplingParams, to_proto
 from specdec.v1 import common_pb2, draft_pb2, draft_pb2_grpc
 
@@ -44,12 +45,6 @@ STREAM_ERRORS = (grpc.aio.AioRpcError, asyncio.TimeoutError, asyncio.InvalidStat
 
 class DraftIncompatible(RuntimeError):
     """The draft's tokenizer differs from the target's; the message says what differs."""
-
-
-@dataclasses.dataclass
-class Block:
-    token_ids: list[int]  # [k'] proposed tokens
-    probs: torch.Tensor | None  # [k', V] q, or None for one-hot
 
 
 class Backoff:
@@ -104,8 +99,12 @@ class DraftLink:
     def available(self) -> bool:
         return self.backoff.ready()
 
-    async def open(self, request_id: str, tokens: list[int], sampling: SamplingParams) -> DraftSession:
-        """Start a sequence on a new stream. Raises DraftUnavailable (and backs off) on failure."""
+    def session(self, request_id: str, sampling: SamplingParams) -> DraftSession:
+        """A handle for one sequence; its stream opens on the first proposal."""
+        return DraftSession(self, request_id, sampling)
+
+    async def open(self, request_id: str, tokens: list[int], sampling: SamplingParams):
+        """Start a sequence on a new Propose stream and return the call. Raises DraftUnavailable (and backs off)."""
         try:
             if not self.checked:
                 await asyncio.wait_for(self.check_compatible(), self.timeout_s)
@@ -123,7 +122,7 @@ class DraftLink:
         except STREAM_ERRORS as exc:
             self.failed()
             raise DraftUnavailable(f"cannot open a draft stream: {exc!r}") from exc
-        return DraftSession(self, call, len(tokens))
+        return call
 
     def failed(self, exc: BaseException | None = None) -> None:
         """A draft call failed. Back off (every sequence) unless the draft only refused this one request."""
@@ -137,65 +136,102 @@ class DraftLink:
 
 
 class DraftSession:
-    """One sequence's stream. `length` is the draft's sequence length as last reported."""
+    """One sequence's handle on the draft: its stream (opened on first use) and its position in the draft.
 
-    def __init__(self, link: DraftLink, call, length: int):
+    The draft's copy of the sequence is kept in step with the verifier's by position: `synced`
+    tokens are known to be identical on both sides. Each round sends only what changed since
+    (roll back to `synced`, append the tokens after it) and asks for the next block.
+    """
+
+    def __init__(self, link: DraftLink, request_id: str, sampling: SamplingParams):
         self.link = link
-        self.call = call
-        self.length = length
+        self.request_id = request_id
+        self.sampling = sampling
+        self.call = None  # the Propose stream, once opened
+        self.synced = 0  # tokens[:synced] are known to be identical in the draft
 
-    async def propose(self, keep_length: int, append: list[int], k: int) -> Block:
-        request = draft_pb2.ProposeRequest(
-            next=draft_pb2.NextBlock(keep_length=keep_length, append_token_ids=append, num_tokens=k)
-        )
+    async def propose(self, tokens: list[int], k: int) -> tuple[DraftBlock, str]:
+        """A block of up to k tokens after `tokens`, or an empty one and the reason it is empty."""
+        if self.call is None:
+            if not self.link.available():
+                return DraftBlock.empty(), "backoff"
+            try:
+                self.call = await self.link.open(self.request_id, tokens, self.sampling)
+            except DraftUnavailable as exc:
+                log.warning("request %s: decoding without the draft: %s", self.request_id, exc)
+                return DraftBlock.empty(), "unavailable"
+            self.synced = len(tokens)
+        request = draft_pb2.ProposeRequest(next=draft_pb2.NextBlock(
+            keep_length=self.synced, append_token_ids=tokens[self.synced:], num_tokens=k))
+        call = self.call
         try:
-            response = await asyncio.wait_for(self._round_trip(request), self.link.timeout_s)
+            response = await asyncio.wait_for(self._round_trip(call, request), self.link.timeout_s)
         except STREAM_ERRORS as exc:
+            if self.call is not call:  # the sequence ended (and closed its stream) during the round
+                return DraftBlock.empty(), "closed"
             self.link.failed(exc)
-            self.cancel()
-            raise DraftUnavailable(f"draft round failed: {exc!r}") from exc
+            return self._give_up(f"draft round failed: {exc!r}")
+        try:
+            block = self._block(response, k)
+        except DraftUnavailable as exc:
+            return self._give_up(str(exc))
         self.link.backoff.succeeded()
-        self.length = response.sequence_length
-        return self._block(response, k)
+        self.synced = len(tokens)
+        return block, ""
 
-    async def _round_trip(self, request):
-        await self.call.write(request)
-        response = await self.call.read()
+    def _give_up(self, why: str) -> tuple[DraftBlock, str]:
+        """End this stream; the next round opens a new one (after the link's back-off, if any)."""
+        log.warning("request %s: decoding without the draft: %s", self.request_id, why)
+        self.cancel()
+        return DraftBlock.empty(), "failed"
+
+    def accepted(self, num_accepted: int) -> None:
+        """The verifier kept the last block up to num_accepted tokens: the draft holds those too."""
+        self.synced += num_accepted
+
+    @staticmethod
+    async def _round_trip(call, request):
+        await call.write(request)
+        response = await call.read()
         if response is grpc.aio.EOF:
             raise DraftUnavailable("the draft closed the stream")
         return response
 
-    def _block(self, response: draft_pb2.ProposeResponse, k: int) -> Block:
+    def _block(self, response: draft_pb2.ProposeResponse, k: int) -> DraftBlock:
         tokens = list(response.token_ids)
         vocab = self.link.target_info.vocab_size
         if len(tokens) > k or any(t < 0 or t >= vocab for t in tokens):
-            self.cancel()
             raise DraftUnavailable(f"the draft sent an invalid block {tokens[:8]} for k={k}")
         if not response.probs:
-            return Block(tokens, None)
+            return DraftBlock(tokens, None)
         probs = np.frombuffer(response.probs, dtype="<f4")
         if probs.size % max(len(tokens), 1) or not tokens:
-            self.cancel()
             raise DraftUnavailable("the draft sent probabilities that do not match its tokens")
         q = torch.from_numpy(probs.reshape(len(tokens), -1).copy())  # [k', V_draft]
         if q.shape[1] < vocab:  # a draft with a narrower output layer: pad q with zeros
             q = torch.nn.functional.pad(q, (0, vocab - q.shape[1]))
-        return Block(tokens, q[:, :vocab])
+        return DraftBlock(tokens, q[:, :vocab])
 
     def cancel(self) -> None:
-        self.call.cancel()
+        if self.call is not None:
+            self.call.cancel()
+            self.call = None
 
     def close(self) -> None:
         """Half-close the stream and drain it in the background, so the draft finishes the call cleanly
         (and the call's client span ends now, not at shutdown)."""
-        task = asyncio.get_running_loop().create_task(self._drain())
+        if self.call is None:
+            return
+        call, self.call = self.call, None
+        task = asyncio.get_running_loop().create_task(self._drain(call))
         _DRAINING.add(task)
         task.add_done_callback(_DRAINING.discard)
 
-    async def _drain(self) -> None:
+    @staticmethod
+    async def _drain(call) -> None:
         try:
-            await asyncio.wait_for(self.call.done_writing(), 5.0)
-            while await asyncio.wait_for(self.call.read(), 5.0) is not grpc.aio.EOF:
+            await asyncio.wait_for(call.done_writing(), 5.0)
+            while await asyncio.wait_for(call.read(), 5.0) is not grpc.aio.EOF:
                 pass
         except (grpc.aio.AioRpcError, asyncio.TimeoutError, asyncio.InvalidStateError, RuntimeError):
-            self.call.cancel()
+            call.cancel()

@@ -1,4 +1,4 @@
-"""The reference engine: a transformers causal LM with one KV cache per sequence.
+"""The reference engine: a transformers causal LM with one KV cache per sequence, and its round loop.
 
 Sequence state is a position over a cache. Invariant: the cache holds K/V for
 tokens[:cached_length], and cached_length == len(tokens) - 1, so exactly one
@@ -6,16 +6,38 @@ token (the last one emitted) is pending. A round feeds [pending, d_1..d_k] in on
 forward pass, which yields the target's logits after the prefix and after each
 draft token (k + 1 rows). Rollback is an explicit crop back to the accepted
 length; nothing is recomputed.
+
+The round loop (`rounds`) reads like the papers' pseudo-code:
+
+    state = start(prompt)                                  # prefill
+    loop:
+        k       = speculation.block_size(...)              # adaptive, per request
+        block   = await speculation.propose(tokens, k)     # over the Propose stream; empty on failure
+        verdict = verify_block(state, block)               # one forward pass + the accept/reject rule
+                                                           # + explicit rollback to the accepted length
+        speculation.record(round)                          # stats, metrics, policy, trace: one place
+        yield verdict.emitted                              # the caller applies EOS/stop/max_tokens
+
+Model work runs on one compute thread: the model is not re-entrant, and torch has its own threads.
 """
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import dataclasses
+import time
+import typing
 
 import torch
 
 from specdec import models
+from specdec.draft_block import DraftBlock
 from specdec.kv_cache import new_cache, rollback_cache
+from specdec.sampling import SamplingParams, make_generator, probs_from_logits
+from verifier_service.decode_loop import DecodeSpec
+from verifier_service.rejection_sampler import Verdict, greedy_verify, rejection_sample
+from verifier_service.speculation import RequestSpeculation, Round
 
 
 @dataclasses.dataclass
@@ -35,12 +57,37 @@ class TransformersEngine:
     """Scores draft blocks with a transformers model, on CPU or CUDA."""
 
     name = "transformers"
+    takes_draft_probs = True
 
     def __init__(self, model, device: str = "cpu"):
         self.model = model
         self.device = torch.device(device)
         self.vocab_size = int(model.config.vocab_size)
         self.max_context = models.max_context(model)
+        self._compute = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="verify-compute")
+
+    async def rounds(self, spec: DecodeSpec, speculation: RequestSpeculation) -> typing.AsyncIterator[list[int]]:
+        """The engine contract (decode_loop.Engine): one sequence's rounds; closing the iterator frees its cache."""
+        generator = make_generator(spec.sampling.seed)
+        state = await self._run(self.start, spec.prompt_ids)
+        try:
+            while True:
+                generated = len(state.tokens) - len(spec.prompt_ids)
+                k = speculation.block_size(spec.max_tokens - generated, self.max_context - len(state.tokens))
+                started = time.perf_counter()
+                block, fallback = await speculation.propose(state.tokens, k)
+                draft_wait_s = time.perf_counter() - started
+                verdict, forward_s = await self._run(verify_block, self, state, block, spec.sampling, generator)
+                speculation.record(Round(
+                    len(block.token_ids), verdict.num_accepted, time.perf_counter() - started,
+                    draft_wait_s=draft_wait_s, forward_s=forward_s, fallback=fallback,
+                    target_token=verdict.next_token))
+                yield verdict.emitted(block.token_ids)
+        finally:
+            self.release(state)
+
+    async def _run(self, fn, *args):
+        return await asyncio.get_running_loop().run_in_executor(self._compute, fn, *args)
 
     def start(self, prompt_ids: list[int]) -> SequenceState:
         """Prefill every prompt token but the last, which becomes the pending token."""
@@ -72,3 +119,18 @@ class TransformersEngine:
         input_ids = torch.tensor([token_ids], dtype=torch.long, device=self.device)  # [1, n]
         out = self.model(input_ids=input_ids, past_key_values=state.cache, use_cache=True)
         return out.logits[0]  # [n, V]
+
+
+def verify_block(engine: TransformersEngine, state: SequenceState, block: DraftBlock, sampling: SamplingParams,
+                 generator: torch.Generator) -> tuple[Verdict, float]:
+    """Score the block in one forward pass, decide, and roll the cache back. Runs on the compute thread."""
+    started = time.perf_counter()
+    logits = engine.score(state, block.token_ids)  # [k + 1, V]
+    forward_s = time.perf_counter() - started
+    if sampling.greedy:
+        verdict = greedy_verify(block.token_ids, logits.argmax(dim=-1).tolist())
+    else:
+        target_probs = probs_from_logits(logits, sampling).cpu()  # [k + 1, V]
+        verdict = rejection_sample(block.token_ids, block.probs, target_probs, generator)
+    engine.commit(state, verdict.num_accepted, verdict.emitted(block.token_ids))
+    return verdict, forward_s

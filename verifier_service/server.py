@@ -2,27 +2,23 @@
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
 import functools
 import logging
-import typing
 
 import grpc
+from opentelemetry import trace
 
 from specdec import metrics
+from specdec.sampling import SamplingParams
 from specdec.v1 import common_pb2, verifier_pb2, verifier_pb2_grpc
 from verifier_service.config import VerifierConfig
-from verifier_service.decode_loop import decode
+from verifier_service.decode_loop import DecodeSpec, Engine, decode
 from verifier_service.draft_client import DraftLink
-from verifier_service.engine import TransformersEngine
 from verifier_service.sequences import CapacityExceeded, SequenceRegistry
+from verifier_service.speculation import RequestSpeculation
 from verifier_service.speculation_policy import RoundCost, SpeculationPolicy
-from verifier_service.stopping import LENGTH, STOP
+from verifier_service.stopping import LENGTH, STOP, StopChecker
 from verifier_service.validation import InvalidRequest, check_decode_request
-
-if typing.TYPE_CHECKING:
-    from verifier_service.vllm_engine import VllmEngine
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +26,7 @@ FINISH_REASONS = {STOP: common_pb2.FINISH_REASON_STOP, LENGTH: common_pb2.FINISH
 
 
 class VerifierServicer(verifier_pb2_grpc.VerifierServiceServicer):
-    def __init__(self, engine: TransformersEngine | VllmEngine, tokenizer, info: common_pb2.ModelInfo, config: VerifierConfig,
+    def __init__(self, engine: Engine, tokenizer, info: common_pb2.ModelInfo, config: VerifierConfig,
                  draft: DraftLink | None):
         self.engine = engine
         self.tokenizer = tokenizer
@@ -39,11 +35,6 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServiceServicer):
         self.draft = draft
         self.sequences = SequenceRegistry(config.max_sequences, config.max_cache_tokens, config.sequence_ttl_s)
         self.round_cost = RoundCost()  # round time against block size, and acceptance: shared by every request
-        self._compute = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="verify-compute")
-
-    async def run(self, fn, *args):
-        """Model work runs on one compute thread: the model is not re-entrant, and torch has its own threads."""
-        return await asyncio.get_running_loop().run_in_executor(self._compute, fn, *args)
 
     async def GetModelInfo(self, request, context):
         return verifier_pb2.GetModelInfoResponse(info=self.info)
@@ -55,25 +46,25 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServiceServicer):
                                         self.config.max_speculative_tokens)
         except InvalidRequest as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        policy = SpeculationPolicy(self.config.num_speculative_tokens, self.config.max_speculative_tokens,
-                                   spec.num_speculative_tokens, self.config.spec_max_concurrency, self.round_cost,
-                                   spec.sampling.greedy)
         try:
             key, live = self.sequences.admit(spec.request_id, len(spec.prompt_ids) + spec.max_tokens)
         except CapacityExceeded as exc:
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
         live.on_reap = functools.partial(self._end_reaped_call, context, spec.request_id)
         generated = 0
-        rounds = self._rounds(spec, policy)
+        speculation = self._speculation(spec)
+        stopper = StopChecker(list(self.info.eos_token_ids), spec.max_tokens, spec.stop, self.tokenizer,
+                              spec.prompt_ids)
+        rounds = decode(self.engine, spec, speculation, stopper)
         try:
-            async for output, stats in rounds:
+            async for output in rounds:
                 live.touch()
                 generated += len(output.token_ids)
                 message = verifier_pb2.DecodeResponse(token_ids=output.token_ids)
                 if output.finish_reason:
                     message.finish_reason = FINISH_REASONS[output.finish_reason]
                     message.matched_stop = output.matched_stop
-                    message.speculation.CopyFrom(stats.to_proto())
+                    message.speculation.CopyFrom(speculation.stats.to_proto())
                     message.usage.CopyFrom(common_pb2.Usage(prompt_tokens=len(spec.prompt_ids),
                                                             completion_tokens=generated))
                     metrics.REQUESTS.labels(finish_reason=output.finish_reason).inc()
@@ -87,13 +78,17 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServiceServicer):
             except RuntimeError:  # cancelled mid-round: the generator's own finally frees them
                 pass
 
-    def _rounds(self, spec, policy: SpeculationPolicy):
-        """The request's rounds: our decode loop over the transformers engine, or vLLM's batched steps."""
-        eos = list(self.info.eos_token_ids)
-        if self.engine.name == "vllm":
-            return self.engine.decode(spec, self.draft, policy, self.tokenizer, eos)
-        return decode(spec, self.engine, self.draft, policy, self.run, self.tokenizer, eos,
-                      lambda: len(self.sequences.live))
+    def _speculation(self, spec: DecodeSpec) -> RequestSpeculation:
+        """The request's draft session (none without a draft service) and its k policy."""
+        policy = SpeculationPolicy(self.config.num_speculative_tokens, self.config.max_speculative_tokens,
+                                   spec.num_speculative_tokens, self.config.spec_max_concurrency, self.round_cost,
+                                   spec.sampling.greedy)
+        draft = None
+        if self.draft is not None:
+            # An engine that takes no q (vLLM's custom proposers) gets greedy drafts: one-hot q is then exact.
+            sampling = spec.sampling if self.engine.takes_draft_probs else SamplingParams()
+            draft = self.draft.session(spec.request_id, sampling)
+        return RequestSpeculation(policy, draft, trace.get_current_span(), lambda: len(self.sequences.live))
 
     async def _end_reaped_call(self, context, request_id: str) -> None:
         """The reaper dropped this call's sequence: tell the client why (it is waiting otherwise)."""

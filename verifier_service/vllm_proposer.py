@@ -17,15 +17,15 @@ import sys
 
 import numpy as np
 
-from verifier_service.vllm_bridge import DraftBridge
+from verifier_service.vllm_bridge import StepDrafter
 
 
 class RemoteDraftProposer:
     def __init__(self, vllm_config):
-        if DraftBridge.current is None:
+        if StepDrafter.current is None:
             raise RuntimeError("RemoteDraftProposer only runs inside the verifier service (--engine vllm), "
                                "which connects it to the draft service")
-        self.bridge = DraftBridge.current
+        self.bridge = StepDrafter.current
         self.max_k = int(vllm_config.speculative_config.num_speculative_tokens)
 
     def load_model(self, *args, **kwargs) -> None:

@@ -1,12 +1,11 @@
-"""A draft stream that ends under the verifier turns into DraftUnavailable, never an error for the client."""
+"""A draft stream that ends under the verifier gives the round an empty block, never an error for the client."""
 
 import asyncio
 
-import pytest
-
 from specdec.config import ServerConfig
+from specdec.sampling import SamplingParams
 from specdec.v1 import common_pb2
-from verifier_service.draft_client import DraftLink, DraftSession, DraftUnavailable
+from verifier_service.draft_client import DraftLink
 
 
 class FinishedCall:
@@ -25,13 +24,34 @@ class FinishedCall:
         self.cancelled = True
 
 
-def test_a_finished_stream_is_draft_unavailable():
+def test_a_finished_stream_is_an_empty_block_and_a_back_off():
     async def scenario():
         link = DraftLink("127.0.0.1:1", ServerConfig(), common_pb2.ModelInfo(vocab_size=10), timeout_s=1.0)
-        call = FinishedCall()
-        with pytest.raises(DraftUnavailable):
-            await DraftSession(link, call, 3).propose(3, [1], 2)
-        assert call.cancelled and not link.available()  # backed off; the round decodes without the draft
+        session, call = link.session("r", SamplingParams()), FinishedCall()
+        session.call, session.synced = call, 3
+        block, reason = await session.propose([1, 2, 3, 1], 2)
+        assert block.token_ids == [] and reason == "failed"
+        assert call.cancelled and session.call is None  # the next round opens a new stream
+        assert not link.available()  # backed off; the round decodes without the draft
+        await link.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_stream_closed_during_its_round_is_not_a_draft_failure():
+    async def scenario():
+        link = DraftLink("127.0.0.1:1", ServerConfig(), common_pb2.ModelInfo(vocab_size=10), timeout_s=1.0)
+        session = link.session("r", SamplingParams())
+
+        class ClosingCall(FinishedCall):
+            async def write(self, request):
+                session.call = None  # the sequence finished and closed its stream meanwhile
+                raise asyncio.InvalidStateError("RPC already finished.")
+
+        session.call = ClosingCall()
+        block, reason = await session.propose([1, 2, 3], 2)
+        assert block.token_ids == [] and reason == "closed"
+        assert link.available()  # no back-off for the other sequences
         await link.close()
 
     asyncio.run(scenario())

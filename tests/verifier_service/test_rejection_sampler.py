@@ -157,30 +157,30 @@ def two_token_marginals(model, prompt, params):
 def speculative_two_tokens(target, draft, prompt, params, sampler, samples=ENGINE_SAMPLES):
     """Histograms of the first two tokens produced by draft + verify rounds (k = 2)."""
     from draft_service.model_draft import ModelProposer
-    from verifier_service import decode_loop
-    from verifier_service.draft_client import Block
+    from verifier_service import engine as engine_module
+    from specdec.draft_block import DraftBlock
     from verifier_service.engine import TransformersEngine
 
     engine, proposer = TransformersEngine(target), ModelProposer(draft)
     counts = torch.zeros(2, ENGINE_VOCAB)
     generator = make_generator(99)
-    original = decode_loop.rejection_sample
-    decode_loop.rejection_sample = sampler
+    original = engine_module.rejection_sample
+    engine_module.rejection_sample = sampler
     try:
         for i in range(samples):
             state = engine.start(prompt)
             sequence = proposer.start(prompt, dataclasses.replace(params, seed=i), return_probs=True)
             proposal = sequence.propose(2)
-            verdict, _ = decode_loop.verify_block(engine, state, Block(proposal.token_ids, proposal.probs), params,
+            verdict, _ = engine_module.verify_block(engine, state, DraftBlock(proposal.token_ids, proposal.probs), params,
                                                   generator)
             emitted = verdict.emitted(proposal.token_ids)
             if len(emitted) < 2:  # one more plain round for the second token
-                verdict, _ = decode_loop.verify_block(engine, state, Block([], None), params, generator)
+                verdict, _ = engine_module.verify_block(engine, state, DraftBlock.empty(), params, generator)
                 emitted += [verdict.next_token]
             counts[0, emitted[0]] += 1
             counts[1, emitted[1]] += 1
     finally:
-        decode_loop.rejection_sample = original
+        engine_module.rejection_sample = original
     return counts
 
 

@@ -1,35 +1,88 @@
-"""DraftBridge bookkeeping: what vLLM's step emitted becomes the round statistics, row by row."""
+"""StepDrafter bookkeeping: what vLLM's step emitted becomes the round statistics, row by row."""
 
 import asyncio
 
 import numpy as np
-
 from opentelemetry import context as otel_context
+
+from specdec.config import ServerConfig
 from specdec.sampling import SamplingParams
-from verifier_service.decode_loop import DecodeSpec, DraftSync, Stats
+from specdec.v1 import common_pb2
+from verifier_service.decode_loop import DecodeSpec
+from verifier_service.draft_client import DraftLink
+from verifier_service.speculation import RequestSpeculation
 from verifier_service.speculation_policy import SpeculationPolicy
-from verifier_service.vllm_bridge import DraftBridge, Drafting
+from verifier_service.vllm_bridge import StepDrafter, StepSequence
 
 
-def drafting(prompt):
+def sequence(link, prompt):
     spec = DecodeSpec("r", prompt, SamplingParams(temperature=1.0), 16, [], 4)
-    return Drafting(spec, SpeculationPolicy(4, 16, 4), DraftSync(None), Stats(), otel_context.get_current())
+    speculation = RequestSpeculation(SpeculationPolicy(4, 16, 4), link.session("r", SamplingParams()))
+    return StepSequence(spec, speculation, otel_context.get_current())
 
 
 def test_rows_record_accepted_tokens_and_skip_prefill_and_foreign_rows():
     loop = asyncio.new_event_loop()
-    bridge = DraftBridge(None, loop, max_context=64, timeout_s=1.0)
-    ours, prefilling = drafting([1, 2, 3]), drafting([4, 5])
+    asyncio.set_event_loop(loop)  # the gRPC channel binds to it
+    link = DraftLink("127.0.0.1:1", ServerConfig(), common_pb2.ModelInfo(vocab_size=10), timeout_s=0.2)
+    bridge = StepDrafter(loop, max_context=64, timeout_s=0.2)
+    ours, prefilling = sequence(link, [1, 2, 3]), sequence(link, [4, 5])
     bridge.add("a", ours)
     bridge.add("b", prefilling)
     ours.last_k = 3  # the previous step verified 3 drafts for row "a"
+    ours.fallback = ""
     tokens = np.zeros((4, 64), dtype=np.int32)
-    blocks = bridge.propose(["a", "b", "c"], [[7, 8], [], [9]], np.array([5, 2, 1, 0]), tokens, max_k=4)
-    assert blocks == [[], [], []]  # no draft link: nothing to propose
-    assert (ours.stats.num_rounds, ours.stats.num_draft_tokens, ours.stats.num_accepted_tokens) == (1, 3, 1)
-    assert ours.stats.accepted_per_position == [1, 0, 0]
-    assert prefilling.stats.num_rounds == 0  # still prefilling: nothing emitted yet
-    assert ours.draft_spec.sampling.greedy  # vLLM takes no q: the draft must propose greedily
+    blocks = bridge.propose(["a", "b", "c"], [[7, 8], [], [9]], np.array([5, 2, 1, 0]), tokens, max_k=0)
+    assert blocks == [[], [], []]  # k = 0: nothing asked of the draft
+    stats = ours.speculation.stats
+    assert (stats.num_rounds, stats.num_draft_tokens, stats.num_accepted_tokens) == (1, 3, 1)
+    assert stats.accepted_per_position == [1, 0, 0]
+    assert ours.speculation.draft.synced == 1  # the draft holds the accepted token too
+    assert prefilling.speculation.stats.num_rounds == 0  # still prefilling: nothing emitted yet
     bridge.remove("a")
     assert "a" not in bridge.sequences
+    loop.run_until_complete(link.close())
+    asyncio.set_event_loop(None)
     loop.close()
+
+
+def test_a_fallback_step_counts_in_the_request_and_in_prometheus():
+    from specdec import metrics
+
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)  # the gRPC channel binds to it
+    link = DraftLink("127.0.0.1:1", ServerConfig(), common_pb2.ModelInfo(vocab_size=10), timeout_s=0.2)
+    bridge = StepDrafter(loop, max_context=64, timeout_s=0.2)
+    ours = sequence(link, [1, 2, 3])
+    bridge.add("a", ours)
+    ours.last_k, ours.fallback, ours.draft_wait_s = 0, "timeout", 0.25
+    before = metrics.FALLBACK_ROUNDS.labels(reason="timeout")._value.get()
+    waits = metrics.DRAFT_WAIT_TIME._sum.get()
+    bridge.propose(["a"], [[7]], np.array([4]), np.zeros((1, 64), dtype=np.int32), max_k=0)
+    assert ours.speculation.stats.num_fallback_rounds == 1
+    assert metrics.FALLBACK_ROUNDS.labels(reason="timeout")._value.get() == before + 1
+    assert metrics.DRAFT_WAIT_TIME._sum.get() >= waits + 0.25
+    loop.run_until_complete(link.close())
+    asyncio.set_event_loop(None)
+    loop.close()
+
+
+def test_an_engine_that_takes_no_q_gets_greedy_drafts():
+    """vLLM's custom proposers pass no q, so the draft must propose greedily (one-hot q is then exact)."""
+    from verifier_service.config import VerifierConfig
+    from verifier_service.server import VerifierServicer
+    from verifier_service.vllm_engine import VllmEngine
+
+    class NoQEngine:
+        name, vocab_size, max_context = "test", 10, 64
+        takes_draft_probs = VllmEngine.takes_draft_probs
+
+    async def scenario():
+        link = DraftLink("127.0.0.1:1", ServerConfig(), common_pb2.ModelInfo(vocab_size=10), timeout_s=0.2)
+        servicer = VerifierServicer(NoQEngine(), None, common_pb2.ModelInfo(), VerifierConfig(), link)
+        spec = DecodeSpec("r", [1, 2], SamplingParams(temperature=0.8, top_p=0.9), 8, [], None)
+        speculation = servicer._speculation(spec)
+        assert speculation.draft.sampling.greedy and not spec.sampling.greedy
+        await link.close()
+
+    asyncio.run(scenario())

@@ -49,7 +49,8 @@ def stack(pair, tmp_path_factory):
         pytest.fail(f"{VLLM_PYTHON} is missing: run `make setup-vllm` (or set SPECDEC_VLLM_PYTHON)")
     target, draft = pair
     env = {"VLLM_CACHE_ROOT": str(tmp_path_factory.mktemp("vllm-cache"))}
-    with running_stack(target, draft, method="model", verifier_args=["--engine", "vllm", "--draft-timeout-ms", "10000"],
+    with running_stack(target, draft, method="model", verifier_args=["--engine", "vllm", "--draft-timeout-ms", "10000",
+                                                                  "--spec-max-concurrency", "4"],
                        verifier_python=VLLM_PYTHON, env=env, timeout_s=240,
                        log_dir=tmp_path_factory.mktemp("logs")) as services:
         with grpc.insecure_channel(services["gateway"].address) as channel:
@@ -127,7 +128,7 @@ def test_sampling_follows_the_target_distribution(stack, pair, tokenizer):
     assert p_value > 1e-3, f"second-token distribution differs from p (p={p_value:.2e}, {total} samples)"
 
 
-def test_eight_concurrent_streams_share_engine_steps(stack, reference):
+def test_eight_concurrent_streams_share_engine_steps_and_fallbacks_are_counted_once(stack, reference):
     services, gateway = stack
     before = scrape_metrics(services["verifier"].metrics_port)
     prompts = PROMPTS[:8]
@@ -137,10 +138,12 @@ def test_eight_concurrent_streams_share_engine_steps(stack, reference):
         for message in gateway.GenerateStream(gateway_pb2.GenerateRequest(
                 prompt=prompt, max_tokens=MAX_TOKENS, temperature=0.0), timeout=120):
             tokens += message.token_ids
-        return tokens
+            last = message
+        return tokens, last
 
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
-        outputs = list(pool.map(stream, prompts))
+        results = list(pool.map(stream, prompts))
+    outputs, finals = [tokens for tokens, _ in results], [final for _, final in results]
     assert outputs == [reference[p] for p in prompts]
     after = scrape_metrics(services["verifier"].metrics_port)
 
@@ -150,6 +153,13 @@ def test_eight_concurrent_streams_share_engine_steps(stack, reference):
         return after.get(key, 0.0) - before.get(key, 0.0)
 
     shared = steps() - steps("4.0")
+    # above --spec-max-concurrency 4, adaptive requests decode without speculation: counted once, the same way
+    fallbacks = sum(v for (name, _labels), v in after.items() if name == "specdec_fallback_rounds_total") - sum(
+        v for (name, _labels), v in before.items() if name == "specdec_fallback_rounds_total")
+    assert fallbacks == sum(f.speculation.num_fallback_rounds for f in finals) > 0
+    waits = (after.get(("specdec_draft_wait_seconds_count", ()), 0.0)
+             - before.get(("specdec_draft_wait_seconds_count", ()), 0.0))
+    assert waits >= sum(f.speculation.num_drafts for f in finals) > 0, "draft waits must be observed"
     assert shared > 0, "no engine step served more than 4 of the 8 streams"
     assert steps("8.0") - steps("4.0") > 0, "no engine step served 5-8 sequences"
 

@@ -1,0 +1,21 @@
+"""A block of draft tokens: what the draft proposes and the verifier checks, on both sides of the wire.
+
+On the wire it is a `ProposeResponse` (token ids, and q as little-endian float32 bytes).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+
+@dataclasses.dataclass
+class DraftBlock:
+    token_ids: list[int]  # [k'] proposed tokens, k' <= the k asked for (a proposer may find fewer, or none)
+    probs: torch.Tensor | None = None  # [k', V] the draft distribution q; None means one-hot (deterministic)
+
+    @classmethod
+    def empty(cls) -> DraftBlock:
+        """No draft this round: the verifier decodes one plain step."""
+        return cls([], None)

@@ -1,0 +1,130 @@
+"""One request's speculation: its draft session, its k policy, its statistics, and the one place a round is recorded.
+
+Both engines drive rounds differently (our loop for transformers, vLLM's batched steps), but
+each verified round goes through `RequestSpeculation.record`, which updates, in one place:
+the request's `SpeculationStats` (returned to the client), the vLLM-named Prometheus counters,
+the fallback count, the policy's observations (acceptance, round time), the draft-wait and
+forward-time histograms, and the request span's `round` event.
+
+Glossary (vLLM's conventions, vllm/v1/spec_decode/metrics.py):
+- a draft is one non-empty block of draft tokens verified in one round;
+- accepted tokens exclude the target's own token (correction or bonus) that every round emits;
+- mean accepted length = 1 + accepted / drafts, so it counts that token.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+
+from opentelemetry import trace
+
+from specdec import metrics
+from specdec.draft_block import DraftBlock
+from specdec.v1 import common_pb2
+from verifier_service.draft_client import DraftSession
+from verifier_service.speculation_policy import SpeculationPolicy
+
+
+@dataclasses.dataclass
+class SpeculationStats:
+    """Speculation statistics for one request; `to_proto` gives the wire's SpeculationStats."""
+
+    num_rounds: int = 0
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    num_fallback_rounds: int = 0
+    accepted_per_position: list[int] = dataclasses.field(default_factory=list)
+
+    def add(self, num_draft_tokens: int, num_accepted: int) -> None:
+        self.num_rounds += 1
+        if not num_draft_tokens:
+            return
+        self.num_drafts += 1
+        self.num_draft_tokens += num_draft_tokens
+        self.num_accepted_tokens += num_accepted
+        if len(self.accepted_per_position) < num_draft_tokens:
+            self.accepted_per_position += [0] * (num_draft_tokens - len(self.accepted_per_position))
+        for position in range(num_accepted):
+            self.accepted_per_position[position] += 1
+
+    def to_proto(self) -> common_pb2.SpeculationStats:
+        return common_pb2.SpeculationStats(
+            num_drafts=self.num_drafts,
+            num_draft_tokens=self.num_draft_tokens,
+            num_accepted_tokens=self.num_accepted_tokens,
+            acceptance_rate=self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0,
+            mean_accepted_length=1 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 0.0,
+            accepted_per_position=self.accepted_per_position,
+            num_rounds=self.num_rounds,
+            num_fallback_rounds=self.num_fallback_rounds,
+        )
+
+
+@dataclasses.dataclass
+class Round:
+    """One verified round, as either engine measured it."""
+
+    num_draft_tokens: int  # k' verified (0: a plain step)
+    num_accepted: int  # draft tokens accepted, 0..k'
+    seconds: float  # wall time of the round: draft wait + transport + forward + decision
+    draft_wait_s: float | None = None  # time spent waiting for the block (None: not measured by this engine)
+    forward_s: float | None = None  # the target's forward pass (None: measured per engine step elsewhere)
+    fallback: str = ""  # why the round had no draft although the request speculates ("" otherwise)
+    target_token: int | None = None  # the target's own token (correction or bonus)
+
+
+class RequestSpeculation:
+    """Per request: the draft session (None without a draft service), the policy and the statistics."""
+
+    def __init__(self, policy: SpeculationPolicy, draft: DraftSession | None, span: trace.Span | None = None,
+                 live_sequences: typing.Callable[[], int] = lambda: 1):
+        self.policy = policy
+        self.draft = draft
+        self.span = span if span is not None else trace.get_current_span()
+        self.live_sequences = live_sequences
+        self.stats = SpeculationStats()
+
+    def block_size(self, remaining_tokens: int, remaining_context: int) -> int:
+        """k for the next round (0: a plain step)."""
+        if self.draft is None:
+            return 0
+        return self.policy.block_size(remaining_tokens, remaining_context, self.live_sequences())
+
+    async def propose(self, tokens: list[int], k: int) -> tuple[DraftBlock, str]:
+        """Up to k draft tokens after `tokens`, and why the block is empty where it is ("" otherwise)."""
+        if self.draft is None or k == 0:
+            return DraftBlock.empty(), self.policy.off_reason if self.draft is not None else ""
+        return await self.draft.propose(tokens, k)
+
+    def record(self, round_: Round) -> None:
+        """The one place a verified round is counted: statistics, metrics, fallback, policy, trace."""
+        self.stats.add(round_.num_draft_tokens, round_.num_accepted)
+        metrics.record_round(round_.num_draft_tokens, round_.num_accepted)
+        if self.draft is not None:
+            self.draft.accepted(round_.num_accepted)
+            if round_.fallback:
+                self.stats.num_fallback_rounds += 1
+                metrics.FALLBACK_ROUNDS.labels(reason=round_.fallback).inc()
+        self.policy.observe(round_.num_draft_tokens, round_.num_accepted, round_.seconds)
+        if round_.forward_s is not None:
+            metrics.VERIFY_FORWARD_TIME.observe(round_.forward_s)
+        if round_.draft_wait_s is not None:
+            metrics.DRAFT_WAIT_TIME.observe(round_.draft_wait_s)
+        event: dict[str, typing.Any] = {"k": round_.num_draft_tokens, "accepted": round_.num_accepted,
+                                        "round_ms": round(round_.seconds * 1000, 3)}
+        if round_.target_token is not None:
+            event["target_token"] = round_.target_token
+        if round_.forward_s is not None:
+            event["forward_ms"] = round(round_.forward_s * 1000, 3)
+        if round_.draft_wait_s is not None:
+            event["draft_wait_ms"] = round(round_.draft_wait_s * 1000, 3)
+        if round_.fallback:
+            event["fallback"] = round_.fallback
+        self.span.add_event("round", event)
+
+    def close(self) -> None:
+        """End the draft stream, which frees the draft's copy of the sequence."""
+        if self.draft is not None:
+            self.draft.close()
