@@ -60,6 +60,13 @@ test-fast: setup  ## the suite without slow (real-model, multi-process, vLLM) te
 bench: setup model  ## does speculation pay for my workload? writes bench/results/
 	$(PY) -m bench --model $(MODEL_DIR)
 
+.PHONY: bench-load
+bench-load: setup setup-vllm model  ## capacity under load through the OpenAI HTTP API (vllm bench serve): TTFT, ITL, tok/s per request rate, speculation off/fixed/adaptive, crossover plot in bench/results/load/
+	$(PY) -m bench.load --model $(MODEL_DIR)
+
+advise: setup model  ## which proposer and k pay for your prompts: make advise PROMPTS=my_prompts.txt
+	$(PY) -m bench.advise --target $(MODEL_DIR) --prompts $(or $(PROMPTS),bench/workloads/extraction.jsonl)
+
 trace-ui:  ## a local tracing UI (Arize Phoenix, own venv in .cache/phoenix-venv) taking OTLP on :4317, UI on http://localhost:6006
 	@test -x .cache/phoenix-venv/bin/phoenix || { $(PYTHON) -m venv .cache/phoenix-venv && \
 		echo "==> installing arize-phoenix into .cache/phoenix-venv (first time: about a minute, 850 MB)" && \

@@ -20,7 +20,7 @@ import statistics
 import time
 
 from bench.methods import StackMethod, add_stack_options, stack_kwargs
-from bench.workloads import DEFAULT_WORKLOADS, load_workload
+from bench.workloads import CLASSIC_WORKLOADS, load_workload
 
 
 def parse_args(argv=None):
@@ -49,7 +49,7 @@ def main(argv=None) -> int:
 
     args = parse_args(argv)
     prompts = []
-    for name in DEFAULT_WORKLOADS:
+    for name in CLASSIC_WORKLOADS:
         prompts += load_workload(name, max_prompts=max(1, args.streams // 4), max_tokens=args.max_tokens)
     prompts = [p for p in prompts if p.workload != "long_prompt"][: args.streams * 2]
     passes = []

@@ -37,6 +37,7 @@ class Sample:
     draft_wait_s: float | None = None  # time rounds waited for their draft block, summed
     draft_compute_s: float = 0.0  # draft model time (estimate; 0 for n-gram)
     token_ids: list[int] = dataclasses.field(default_factory=list)
+    position: int = -1  # the prompt's index in its workload (-1: not recorded, runs before it was)
 
     def overhead_per_round_s(self) -> float | None:
         """Time a decode round spends outside the target's forward pass and the draft model's compute.
@@ -99,10 +100,50 @@ class StackMethod:
             num_rounds=stats.num_rounds, num_drafts=stats.num_drafts, num_draft_tokens=stats.num_draft_tokens,
             num_accepted_tokens=stats.num_accepted_tokens, num_fallback_rounds=stats.num_fallback_rounds,
             forward_s=forward_s, forward_count=int(forward_count), draft_wait_s=wait_s,
-            draft_compute_s=self.draft_step_s * stats.num_draft_tokens, token_ids=token_ids)
+            draft_compute_s=self.draft_step_s * stats.num_draft_tokens, token_ids=token_ids, position=prompt.position)
 
     def close(self) -> None:
         self.channel.close()
+
+
+class FreshStackMethod:
+    """A stack of its own, restarted whenever the reset key changes: its draft's learnt state starts empty.
+
+    For a draft that learns from earlier outputs (suffix): a restart empties its cache, so a repeat
+    never drafts from its own earlier pass over the same prompts. Each (re)start serves one warm-up
+    request (`warmup`), whose output is the only thing in the cache before the first timed request.
+    """
+
+    def __init__(self, name: str, start_stack, warmup: Prompt, k: int | None = None):
+        self.name, self.k, self.warmup = name, k, warmup
+        self.start_stack = start_stack  # () -> a context manager yielding running_stack's services
+        self.key = None
+        self._stack = self._method = None
+
+    def reset(self, key) -> bool:
+        """Restart the stack if key differs from the last one; True if it did."""
+        if key == self.key and self._method is not None:
+            return False
+        self.close()
+        stack = self.start_stack()
+        services = stack.__enter__()  # on failure it has stopped what it started
+        self._stack = stack
+        self._method = StackMethod(self.name, services["gateway"].address, services["verifier"].metrics_port, self.k)
+        self._method.run(self.warmup, repeat=-1, max_tokens=16)
+        self.key = key
+        return True
+
+    def run(self, prompt: Prompt, repeat: int = 0, max_tokens: int | None = None) -> Sample:
+        if self._method is None:
+            raise RuntimeError(f"{self.name}: reset() starts the stack; call it before run()")
+        return self._method.run(prompt, repeat, max_tokens)
+
+    def close(self) -> None:
+        if self._method is not None:
+            self._method.close()
+        if self._stack is not None:
+            self._stack.__exit__(None, None, None)
+        self._stack = self._method = None
 
 
 class HFModel:
@@ -153,7 +194,7 @@ class HFMethod:
     def run(self, prompt: Prompt, repeat: int = 0, max_tokens: int | None = None) -> Sample:
         tokens, wall = self.hf.generate(prompt, self.lookup, max_tokens)
         return Sample(workload=prompt.workload, prompt_id=prompt.id, method=self.name, repeat=repeat,
-                      completion_tokens=len(tokens), wall_s=wall, token_ids=tokens)
+                      completion_tokens=len(tokens), wall_s=wall, token_ids=tokens, position=prompt.position)
 
     def close(self) -> None:
         pass

@@ -13,7 +13,8 @@ from bench.methods import Sample
 OFF = "off"
 HF_GREEDY, HF_LOOKUP = "hf_greedy", "hf_prompt_lookup"
 ROW_KEYS = ["workload", "method", "tokens_per_s", "speedup_vs_off", "acceptance_rate", "mean_accepted_length",
-            "transport_overhead_ms_median", "ttft_ms_median", "anchor_speedup"]
+            "transport_overhead_ms_median", "ttft_ms_median", "anchor_speedup", "predicted_speedup",
+            "implementation_efficiency"]
 
 
 def _median(values):
@@ -42,11 +43,20 @@ def paired_ratio(num: list[Sample], den: list[Sample]) -> float | None:
     return _median([a[r] / b[r] for r in a if r in b and b[r] > 0])
 
 
+def prefill_share(off: list[Sample]) -> float:
+    """Share of plain decoding's wall time spent before the first round: sum(TTFT - one step) / sum(wall)."""
+    wall = sum(s.wall_s for s in off)
+    prefill = sum(max(0.0, s.ttft_s - (s.forward_s / s.forward_count if s.forward_count else 0.0))
+                  for s in off if s.ttft_s is not None and s.forward_s is not None)
+    return prefill / wall if wall > 0 else 0.0
+
+
 def build_rows(samples: list[Sample], draft_cost: dict[str, float] | None = None,
-               method_order: list[str] | None = None) -> list[dict]:
+               method_order: list[str] | None = None, verify_curve: dict[int, float] | None = None) -> list[dict]:
     """One row per workload x method: workloads in the order first seen, methods in method_order (else first seen).
 
-    draft_cost: method -> c (draft step time / target step time); 0 when absent (n-gram).
+    draft_cost: method -> c (draft step time / target step time); 0 when absent (n-gram, suffix).
+    verify_curve: the machine's t(n)/t(1) ({n: ratio}); None: the classic model's 1.0.
     """
     draft_cost = draft_cost or {}
     workloads = list(dict.fromkeys(s.workload for s in samples))
@@ -71,35 +81,47 @@ def build_rows(samples: list[Sample], draft_cost: dict[str, float] | None = None
         wait_round = _median([s.draft_wait_s / s.forward_count for s in group if s.forward_count
                               and s.draft_wait_s is not None])
         alpha = speedup_model.alpha_from_rate(rate, k_mean) if rate is not None else None
-        predicted = None
-        if alpha is not None and step and overhead is not None and off_overhead is not None:
+        speedup = paired_ratio(group, off) if off else None
+        share = prefill_share(off) if off else None
+        predicted = predicted_overhead = efficiency = None
+        if drafts and off and step:
+            # The model over the measured mix of rounds (drafted at the mean block length, or nothing drafted),
+            # the measured verify-cost curve, and plain decoding's measured prefill share (docs/benchmark.md).
+            tokens = sum(s.completion_tokens for s in group)
+            mix = {k_mean: drafts, 0: rounds - drafts}
             c = draft_cost.get(method, 0.0)
-            # Against `off`, which pays its own per-token overhead: S = E (1 + rho_off) / (k c + 1 + rho).
-            # Overheads are clamped at 0 (a noisy subtraction can go slightly negative).
-            predicted = (speedup_model.predicted_speedup(alpha, k_mean, c, max(0.0, overhead) / step)
-                         * (1 + max(0.0, off_overhead) / step))
+            predicted = speedup_model.with_prefill(
+                speedup_model.predicted_speedup_of_rounds(tokens, mix, verify_curve, c), share)
+            if overhead is not None and off_overhead is not None:
+                predicted_overhead = speedup_model.with_prefill(speedup_model.predicted_speedup_of_rounds(
+                    tokens, mix, verify_curve, c, max(0.0, overhead) / step, max(0.0, off_overhead) / step), share)
+            efficiency = speedup / predicted if speedup is not None else None
         greedy_pairs = [(s, o) for s in group for o in off if o.prompt_id == s.prompt_id and o.repeat == s.repeat]
         row = {
             "workload": workload,
             "method": method,
             "tokens_per_s": _round(_median(list(per_repeat_tps(group).values())), 2),
-            "speedup_vs_off": _round(paired_ratio(group, off), 3) if off else None,
+            "speedup_vs_off": _round(speedup, 3),
             "acceptance_rate": _round(rate),
             "mean_accepted_length": _round(1 + accepted / drafts if drafts else None),
             "transport_overhead_ms_median": _round(overhead * 1000 if overhead is not None else None, 2),
             "ttft_ms_median": _round(_median([s.ttft_s * 1000 if s.ttft_s is not None else None for s in group]), 1),
             "anchor_speedup": _round(paired_ratio(hf_lookup, hf_greedy), 3) if hf_lookup and hf_greedy else None,
+            "predicted_speedup": _round(predicted, 3),
+            "implementation_efficiency": _round(efficiency, 3),
             # Extras (not needed by other tools): what the numbers above are made of.
             "requests": len(group),
             "completion_tokens": sum(s.completion_tokens for s in group),
             "num_rounds": rounds,
+            "drafted_round_share": _round(drafts / rounds if rounds else None),
             "fallback_round_share": _round(sum(s.num_fallback_rounds for s in group) / rounds if rounds else None),
             "mean_block_len": _round(k_mean, 2),
             "alpha_est": _round(alpha),
             "forward_ms_per_round_median": _round(forward_round * 1000 if forward_round is not None else None, 2),
             "draft_wait_ms_per_round_median": _round(wait_round * 1000 if wait_round is not None else None, 2),
-            "predicted_speedup": _round(predicted, 3),
-            # A verify pass of k + 1 tokens over a 1-token step; the model assumes 1.0.
+            "prefill_share_of_off": _round(share),
+            "predicted_speedup_with_overhead": _round(predicted_overhead, 3),
+            # A verify pass of k + 1 tokens over a 1-token step, measured inside the stack.
             "verify_cost_ratio": _round(forward_round / step if forward_round is not None and step else None, 2),
             "tokens_identical_to_off": (_round(sum(s.token_ids == o.token_ids for s, o in greedy_pairs)
                                                / len(greedy_pairs)) if greedy_pairs and method != OFF else None),
@@ -118,37 +140,103 @@ def _fmt(value, spec="", suffix=""):
     return f"{value:{spec}}{suffix}"
 
 
-def markdown(result: dict) -> str:
+def machine_lines(result: dict) -> list[str]:
+    """The machine, its CPU flags and the verify-cost curve the predictions use."""
     machine = result["machine"]
+    flags = machine.get("cpu_flags")
     lines = [
-        f"# Benchmark: {pathlib.Path(result['model']).name}, {result['dtype']}, {result['date']}",
-        "",
         f"Machine: {machine.get('cpu', '?')}, {machine.get('cores', '?')} cores, torch threads "
         f"{machine.get('threads', '?')}, load average at start {machine.get('load_avg_start', '?')}, "
         f"at end {machine.get('load_avg_end', '?')}. Repeats: {result['config']['repeats']} (medians). "
         f"Wall time of the run: {result['config'].get('run_seconds', '?')} s.",
         "",
+        f"CPU flags that matter: {', '.join(flags) if flags else '-'} (torch CPU capability "
+        f"{machine.get('torch_cpu_capability', '?')}; avx512_bf16 {machine.get('avx512_bf16', '?')}, "
+        f"amx_bf16 {machine.get('amx_bf16', '?')}).",
+    ]
+    verify = result.get("verify_cost")
+    if verify:
+        ratio = verify["ratio"]
+        shown = ", ".join(f"t({n})/t(1) = {ratio[n]:.2f}" for n in ("2", "4", "5", "8", "17") if n in ratio)
+        lines += ["", f"Verify cost (one target forward over n tokens against one, context {verify['context']}, "
+                      f"{verify['source']}): **t(4)/t(1) = {verify_t4(result):.2f}**; {shown}. A round that drafts "
+                      "k tokens verifies k + 1."]
+        curve = {int(n): float(v) for n, v in ratio.items()}
+        k, best = speedup_model.ceiling(curve)
+        lines.append(f"Ceiling of the speedup model on this curve (every draft token accepted, no overhead, no "
+                     f"prefill): {best:.2f}x at k = {k}.")
+    else:
+        lines += ["", "Verify cost: not recorded in this run; the predictions assume t(n)/t(1) = 1.0 (the classic "
+                      "model; `--rebuild FILE --verify-cost CURVE.json` adds a measured curve)."]
+    return lines
+
+
+def verify_t4(result: dict) -> float | None:
+    verify = result.get("verify_cost")
+    if not verify:
+        return None
+    return speedup_model.verify_cost({int(n): float(v) for n, v in verify["ratio"].items()}, 4)
+
+
+def markdown(result: dict) -> str:
+    lines = [f"# Benchmark: {pathlib.Path(result['model']).name}, {result['dtype']}, {result['date']}", ""]
+    lines += machine_lines(result)
+    lines += [
+        "",
         "tokens/s is end to end (completion tokens / request wall time, prefill included). Speedups are against "
         "`off` (same stack, k = 0). anchor = HF transformers prompt lookup over HF plain greedy, in-process. "
         "Overhead = per-round time outside the target forward pass and the draft model; verify cost = forward "
-        "time per round over `off`'s 1-token step; predicted = the speedup model with the measured acceptance, "
-        "block length and overheads, which assumes verify cost 1.0x (docs/benchmark.md).",
+        "time per round over `off`'s 1-token step, inside the stack; predicted = the speedup model "
+        "(specdec/speedup.py) with the measured acceptance, block length, verify-cost curve and prefill share, "
+        "no transport; efficiency = measured / predicted; w/ overhead = the same model with the measured "
+        "overheads (docs/benchmark.md).",
         "",
         "| workload | method | tok/s | speedup vs off | acceptance | mean acc. len | block len | "
-        "overhead ms/round | forward ms/round | verify cost | TTFT ms | predicted | anchor speedup |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "overhead ms/round | verify cost | TTFT ms | predicted | efficiency | w/ overhead | anchor speedup |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in result["rows"]:
         lines.append(
             f"| {r['workload']} | {r['method']} | {_fmt(r['tokens_per_s'], '.1f')} | "
             f"{_fmt(r['speedup_vs_off'], '.2f', 'x')} | {_fmt(r['acceptance_rate'], '.2f')} | "
             f"{_fmt(r['mean_accepted_length'], '.2f')} | {_fmt(r.get('mean_block_len'), '.1f')} | "
-            f"{_fmt(r['transport_overhead_ms_median'], '.1f')} | {_fmt(r.get('forward_ms_per_round_median'), '.1f')} | "
-            f"{_fmt(r.get('verify_cost_ratio'), '.2f', 'x')} | "
+            f"{_fmt(r['transport_overhead_ms_median'], '.1f')} | {_fmt(r.get('verify_cost_ratio'), '.2f', 'x')} | "
             f"{_fmt(r['ttft_ms_median'], '.0f')} | {_fmt(r.get('predicted_speedup'), '.2f', 'x')} | "
-            f"{_fmt(r['anchor_speedup'], '.2f', 'x')} |")
+            f"{_fmt(r.get('implementation_efficiency'), '.2f')} | "
+            f"{_fmt(r.get('predicted_speedup_with_overhead'), '.2f', 'x')} | {_fmt(r['anchor_speedup'], '.2f', 'x')} |")
     lines.append("")
+    if result.get("comparison"):
+        lines += comparison_lines(result)
     return "\n".join(lines)
+
+
+def comparison_lines(result: dict) -> list[str]:
+    """suffix against ngram and off, over all requests and after the first requests, with the issue's figures."""
+    skip = result.get("warmup", {}).get("skip", 4)
+    lines = [
+        f"## suffix vs ngram (same run; 'after {skip}' = requests at position >= {skip} in their workload)",
+        "",
+        f"| workload | repetitive | suffix/ngram | suffix/ngram after {skip} | suffix/off | suffix/off after {skip} | "
+        f"ngram/off | figure | met |",
+        "|---|---|---:|---:|---:|---:|---:|---|---|",
+    ]
+    for c in result["comparison"]:
+        lines.append(
+            f"| {c['workload']} | {'yes' if c['repetitive'] else 'no'} | {_fmt(c['suffix_vs_ngram'], '.2f', 'x')} | "
+            f"{_fmt(c.get('suffix_vs_ngram_after'), '.2f', 'x')} | {_fmt(c['suffix_vs_off'], '.2f', 'x')} | "
+            f"{_fmt(c.get('suffix_vs_off_after'), '.2f', 'x')} | {_fmt(c['ngram_vs_off'], '.2f', 'x')} | "
+            f"{'; '.join(f['text'] for f in c['figures']) or '-'} | "
+            f"{'; '.join({True: 'yes', False: 'NO', None: 'n/a'}[f['met']] for f in c['figures']) or '-'} |")
+    lines.append("")
+    warm = result.get("warmup", {}).get("curves", {})
+    if warm:
+        lines += ["Warm-up: suffix speedup vs off by position in the workload (median over repeats); "
+                  "plot: latest_warmup.png.", ""]
+        for workload, points in warm.items():
+            shown = " ".join(f"{p['speedup']:.2f}" for p in points.get("suffix", []))
+            lines.append(f"- {workload}: {shown}")
+        lines.append("")
+    return lines
 
 
 def plot(path: pathlib.Path, result: dict) -> None:
@@ -162,30 +250,29 @@ def plot(path: pathlib.Path, result: dict) -> None:
     offs = {r["workload"]: r for r in result["rows"] if r["method"] == OFF}
     steps = [r["forward_ms_per_round_median"] for r in offs.values() if r.get("forward_ms_per_round_median")]
     step = statistics.median(steps) if steps else None
-    ngram = [r for r in rows if r["method"].startswith("ngram")]
-    spec_overheads = [r["transport_overhead_ms_median"] for r in ngram if r["transport_overhead_ms_median"] is not None]
+    spec = [r for r in rows if r["method"].startswith(("ngram", "suffix"))]
+    spec_overheads = [r["transport_overhead_ms_median"] for r in spec if r["transport_overhead_ms_median"] is not None]
     off_overheads = [r["transport_overhead_ms_median"] for r in offs.values()
                      if r["transport_overhead_ms_median"] is not None]
     rho = max(0.0, statistics.median(spec_overheads) / step) if step and spec_overheads else 0.0
     rho_off = max(0.0, statistics.median(off_overheads) / step) if step and off_overheads else 0.0
-    blocks = [r["mean_block_len"] for r in ngram if r.get("mean_block_len")]
+    blocks = [r["mean_block_len"] for r in spec if r.get("mean_block_len")]
     k_main = max(1, round(statistics.median(blocks))) if blocks else 4
 
+    verify = result.get("verify_cost")
+    curve = {int(n): float(v) for n, v in verify["ratio"].items()} if verify else None
     fig, (ax, bars) = plt.subplots(1, 2, figsize=(14, 6), gridspec_kw={"width_ratios": [1.1, 1]})
     xs = [i / 100 for i in range(101)]
+    source = "measured verify cost" if curve else "verify cost 1.0"
     for k in sorted({2, k_main, 8}):
         style = {"color": "black", "lw": 2} if k == k_main else {"color": "grey", "lw": 1}
-        ax.plot(xs, [speedup_model.predicted_speedup(speedup_model.alpha_from_rate(x, k), k, 0.0, rho)
-                     * (1 + rho_off) for x in xs], label=f"model k={k}, c=0, rho={rho:.2f} (off: {rho_off:.2f})",
-                **style)
-    ax.plot(xs, [1 + k_main * x for x in xs], "k--", lw=1, label=f"model k={k_main}, c=0, rho=0 (ideal)")
-    verify = [r["verify_cost_ratio"] for r in ngram if r.get("verify_cost_ratio")]
-    if verify:  # the model's "1" (one target step per round) replaced by the measured verify pass cost
-        v = statistics.median(verify)
-        ax.plot(xs, [(1 + k_main * x) * (1 + rho_off) / (v + rho) for x in xs], color="tab:red", ls="-.", lw=1.5,
-                label=f"k={k_main}, c=0, rho={rho:.2f}, measured verify cost {v:.2f}x a step")
+        ax.plot(xs, [speedup_model.predicted_speedup(speedup_model.alpha_from_rate(x, k), k, curve, 0.0, rho, rho_off)
+                     for x in xs], label=f"model k={k}, c=0, rho={rho:.2f} (off: {rho_off:.2f}), {source}", **style)
+    ax.plot(xs, [1 + k_main * x for x in xs], "k--", lw=1,
+            label=f"model k={k_main}, c=0, rho=0, verify cost 1.0 (the classic model)")
     ax.axhline(1.0, color="red", lw=0.8, ls=":")
-    markers = {"copy_heavy": "o", "structured": "s", "chat": "^", "creative": "v", "long_prompt": "D"}
+    markers = {"copy_heavy": "o", "structured": "s", "chat": "^", "creative": "v", "long_prompt": "D",
+               "extraction": "P", "agent_loop": "X", "sql": "*", "faq": "h"}
     colors = {}
     palette = ["tab:blue", "tab:orange", "tab:green", "tab:purple", "tab:brown"]
     for i, r in enumerate(sorted(rows, key=lambda r: r["acceptance_rate"])):
@@ -203,7 +290,7 @@ def plot(path: pathlib.Path, result: dict) -> None:
     ax.set_xlim(0, 1)
     top = max([r["speedup_vs_off"] for r in rows] + [2.0]) * 1.15
     ax.set_ylim(0, max(top, 1.5))
-    ax.set_title("Measured speedup vs acceptance, beside S = E/(k c + 1 + rho)")
+    ax.set_title("Measured speedup vs acceptance, beside S = E (1 + rho_off) / (k c + t(k+1)/t(1) + rho)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="best")
 

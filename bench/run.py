@@ -1,33 +1,45 @@
-"""python -m bench --model DIR [--quick] [--draft-model DIR] [--out bench/results]
+"""python -m bench --model DIR [--quick] [--workloads SET] [--draft-model DIR] [--out bench/results]
 
-Starts the stack (gateway -> verifier -> n-gram draft) once, and optionally a second
-one with a draft model; loads the same target in-process for the Hugging Face
-anchor; then, for every prompt, runs every method back to back (the order rotates
-per prompt and repeat) and repeats the whole pass R times. Writes
-<out>/<timestamp>.json, <out>/latest.json, <out>/latest.md and <out>/latest.png.
+Loads the target in-process, measures its verify-cost curve t(n)/t(1) (or reads one, --verify-cost)
+and keeps it for the Hugging Face anchor; starts the n-gram stack (gateway -> verifier -> draft:
+methods off and ngram) and a suffix stack (method suffix, restarted with an empty cache at each
+repeat), optionally a draft-model stack; then, for every prompt in workload order, runs every
+method back to back (the order rotates per prompt and repeat) and repeats the whole pass R times.
+Writes <out>/<timestamp>.json, <out>/latest.json, <out>/latest.md, <out>/latest.png and
+<out>/latest_warmup.png.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import contextlib
 import dataclasses
 import datetime
+import functools
+import json
 import logging
 import os
 import pathlib
 import platform
+import shlex
 import signal
+import statistics
 import sys
 import tempfile
 import time
 
-from bench import report
-from bench.methods import HFMethod, HFModel, StackMethod, draft_step_seconds
-from bench.workloads import DEFAULT_WORKLOADS, load_workload
+from bench import report, warmup
+from bench.methods import FreshStackMethod, HFMethod, HFModel, StackMethod, draft_step_seconds
+from bench.workloads import REPETITIVE_WORKLOADS, Prompt, load_workload, parse_workloads
+from specdec.chat_format import chatml
 
 log = logging.getLogger("bench")
 DEFAULT_OUT = pathlib.Path(__file__).resolve().parent / "results"
+# Every stack's first request, before any timing; unlike any workload's prompts, so the suffix cache
+# learns nothing from it that a timed request could use.
+WARMUP_PROMPT = Prompt("warmup", "warmup", chatml("Count from one to five."), 16)
+FLAGS_THAT_MATTER = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16", "avx512_fp16",
+                     "amx_tile", "amx_bf16", "amx_int8")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -39,13 +51,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true",
                    help="1 repeat, 2 prompts per workload, at most 48 new tokens: a few minutes")
     p.add_argument("--repeats", type=int, default=None, help="passes over all prompts (default 3; --quick 1)")
-    p.add_argument("--workloads", default=",".join(DEFAULT_WORKLOADS),
-                   help="comma-separated names in bench/workloads/ (or .jsonl paths)")
+    p.add_argument("--workloads", default="default",
+                   help="comma-separated names in bench/workloads/ or .jsonl paths, played in this order; the sets "
+                        "'default' (repetitive + classic), 'repetitive' (extraction, agent_loop, sql, faq) and "
+                        "'classic' (copy_heavy, structured, chat, creative, long_prompt) expand")
     p.add_argument("--prompts-per-workload", type=int, default=None, help="first N prompts of each (default all)")
     p.add_argument("--max-tokens", type=int, default=None, help="cap every prompt's max_tokens")
-    p.add_argument("--fixed-k", default="", help="also run the n-gram stack at these fixed k, e.g. '4' or '2,8'")
+    p.add_argument("--fixed-k", default="",
+                   help="also run n-gram and suffix at these fixed k, e.g. '4' or '2,8' (each suffix k: a stack of its own)")
     p.add_argument("--anchor-lookup", type=int, default=4, help="HF prompt_lookup_num_tokens of the anchor")
     p.add_argument("--no-anchor", action="store_true", help="skip the in-process Hugging Face anchor")
+    p.add_argument("--no-suffix", action="store_true", help="skip the suffix stack (method suffix)")
+    p.add_argument("--suffix-reset", default="repeat", choices=["repeat", "workload"],
+                   help="restart the suffix stack (an empty cache) at each repeat, or at each workload of each repeat")
+    p.add_argument("--suffix-draft-args", default="",
+                   help="extra draft-service flags for the suffix stack, e.g. '--suffix-max-cached-requests 1000'")
+    p.add_argument("--verify-cost", default="",
+                   help="a `python -m bench.verify_cost` JSON for the model's t(n)/t(1) curve (the context nearest "
+                        "the run's median prompt is used); default: measure it in-process at the start")
+    p.add_argument("--verify-cost-repeats", type=int, default=8, help="sweeps of the in-process measurement")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"], help="target (and draft) dtype")
     p.add_argument("--threads", type=int, default=2, help="torch threads of the verifier and of the anchor")
     p.add_argument("--omp-wait-policy", default="PASSIVE", choices=["PASSIVE", "ACTIVE", "inherit"],
@@ -58,7 +82,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log-dir", default="", help="service logs (default: a temporary directory)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--rebuild", default="",
-                   help="no run: rebuild rows, latest.* from the samples of a <timestamp>.json (after a report change)")
+                   help="no run: rebuild rows, latest.* from the samples of a <timestamp>.json (after a report change; "
+                        "with --verify-cost, predictions with that curve)")
     return p
 
 
@@ -83,6 +108,7 @@ def machine_info(threads: int, omp_wait_policy: str) -> dict:
     except OSError:
         pass
     return {"cpu": cpu, "cores": os.cpu_count(), "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "cpu_flags": [f for f in FLAGS_THAT_MATTER if f in flags],
             "avx512_bf16": "avx512_bf16" in flags, "amx_bf16": "amx_bf16" in flags, "threads": threads, "platform": platform.platform(),
             "python": platform.python_version(), "torch": torch.__version__,
             "transformers": transformers.__version__, "gpu": None, "omp_wait_policy": omp_wait_policy,
@@ -91,6 +117,35 @@ def machine_info(threads: int, omp_wait_policy: str) -> dict:
 
 def context_ok(tokenizer, max_context: int, prompt) -> bool:
     return len(tokenizer(prompt.text, add_special_tokens=False)["input_ids"]) + prompt.max_tokens <= max_context
+
+
+def load_prompts(args, tokenizer, max_context: int, per_workload, max_tokens) -> list[Prompt]:
+    prompts = []
+    for name in parse_workloads(args.workloads):
+        for prompt in load_workload(name, per_workload, max_tokens):
+            if context_ok(tokenizer, max_context, prompt):
+                prompts.append(prompt)
+            else:
+                log.warning("skipping %s/%s: prompt + max_tokens exceed the context (%d)", prompt.workload,
+                            prompt.id, max_context)
+    if not prompts:
+        raise SystemExit("no prompt fits the model's context")
+    return prompts
+
+
+def verify_curve(args, hf: HFModel | None, context: int) -> dict:
+    """The run's verify-cost record: read from --verify-cost, or measured on the in-process target."""
+    from bench import verify_cost  # imports torch: after main() has set OMP_WAIT_POLICY
+
+    if args.verify_cost:
+        record = verify_cost.read_for_run(args.verify_cost, context)
+        if record.get("dtype") and record["dtype"] != args.dtype:
+            log.warning("--verify-cost %s was measured in %s; this run is %s", args.verify_cost, record["dtype"],
+                        args.dtype)
+        return record
+    log.info("measuring the verify cost t(n)/t(1) at a %d-token context (%d sweeps)", context,
+             args.verify_cost_repeats)
+    return verify_cost.measure_for_run(hf.model, context, repeats=args.verify_cost_repeats)
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -108,33 +163,42 @@ def run(args: argparse.Namespace) -> dict:
     machine = machine_info(args.threads, os.environ.get("OMP_WAIT_POLICY", "default"))
 
     tokenizer = load_tokenizer(args.model)
-    import json as _json
-
-    config = _json.loads((pathlib.Path(args.model) / "config.json").read_text())
+    config = json.loads((pathlib.Path(args.model) / "config.json").read_text())
     max_context = int(config.get("max_position_embeddings") or 2048)
-    prompts = []
-    for name in [w.strip() for w in args.workloads.split(",") if w.strip()]:
-        for prompt in load_workload(name, per_workload, max_tokens):
-            if context_ok(tokenizer, max_context, prompt):
-                prompts.append(prompt)
-            else:
-                log.warning("skipping %s/%s: prompt + max_tokens exceed the context (%d)", prompt.workload,
-                            prompt.id, max_context)
-    if not prompts:
-        raise SystemExit("no prompt fits the model's context")
+    prompts = load_prompts(args, tokenizer, max_context, per_workload, max_tokens)
+    context = int(statistics.median(len(tokenizer(p.text, add_special_tokens=False)["input_ids"]) for p in prompts))
 
     log_dir = pathlib.Path(args.log_dir) if args.log_dir else pathlib.Path(tempfile.mkdtemp(prefix="bench-logs-"))
     log_dir.mkdir(parents=True, exist_ok=True)
     verifier_args = ["--dtype", args.dtype, "--threads", str(args.threads)]
     draft_cost: dict[str, float] = {}
     samples = []
-    with __import__("contextlib").ExitStack() as stack:
+    with contextlib.ExitStack() as stack:
+        # The in-process target first, on a machine with no stack running yet: its verify-cost curve.
+        hf = None
+        if not (args.no_anchor and args.verify_cost):
+            log.info("loading the target in-process (%s)", ", ".join(
+                ([] if args.verify_cost else ["verify cost"]) + ([] if args.no_anchor else ["HF anchor"])))
+            hf = HFModel(args.model, dtype=args.dtype, threads=args.threads)
+        verify = verify_curve(args, hf, context)
+        log.info("verify cost t(n)/t(1): %s", ", ".join(f"{n}: {v:.2f}" for n, v in verify["ratio"].items()))
+        if args.no_anchor:
+            hf = None
+
         log.info("starting the n-gram stack (logs in %s)", log_dir)
         ngram_services = stack.enter_context(running_stack(args.model, method="ngram", verifier_args=verifier_args,
                                                            env=env, log_dir=log_dir))
         gateway, metrics_port = ngram_services["gateway"].address, ngram_services["verifier"].metrics_port
         methods = [StackMethod("off", gateway, metrics_port, k=0), StackMethod("ngram", gateway, metrics_port, k=None)]
         methods += [StackMethod(f"ngram_k{k}", gateway, metrics_port, k=k) for k in fixed_ks]
+        if not args.no_suffix:
+            start_suffix = functools.partial(
+                running_stack, args.model, method="suffix", verifier_args=verifier_args,
+                draft_args=shlex.split(args.suffix_draft_args), env=env, log_dir=log_dir)
+            for name, k in [("suffix", None), *((f"suffix_k{k}", k) for k in fixed_ks)]:
+                # One stack each: a cache shared by two methods would serve one the other's output of the same prompt.
+                methods.append(stack.enter_context(contextlib.closing(
+                    FreshStackMethod(name, start_suffix, WARMUP_PROMPT, k=k))))
         if args.draft_model:
             log.info("measuring the draft model's step time in-process")
             draft_step = draft_step_seconds(args.draft_model, args.dtype, args.threads)
@@ -156,16 +220,20 @@ def run(args: argparse.Namespace) -> dict:
             methods += [StackMethod("vllm_off", vllm_gateway, vllm_metrics, k=0),
                         StackMethod("vllm_ngram", vllm_gateway, vllm_metrics, k=None)]
         if not args.no_anchor:
-            log.info("loading the target in-process for the Hugging Face anchor")
-            hf = HFModel(args.model, dtype=args.dtype, threads=args.threads)
             methods += [HFMethod(report.HF_GREEDY, hf, 0), HFMethod(report.HF_LOOKUP, hf, args.anchor_lookup)]
 
-        for method in methods:  # warm-up: first-call costs stay out of the numbers
-            method.run(prompts[0], repeat=-1, max_tokens=16)
+        fresh = [m for m in methods if isinstance(m, FreshStackMethod)]
+        for method in methods:  # warm-up: first-call costs stay out of the numbers (fresh stacks: at each start)
+            if method not in fresh:
+                method.run(WARMUP_PROMPT, repeat=-1, max_tokens=16)
         total = repeats * len(prompts) * len(methods)
         bar = tqdm(total=total, unit="req", desc="bench", disable=args.no_progress, file=sys.stderr)
         for repeat in range(repeats):
             for index, prompt in enumerate(prompts):
+                for method in fresh:  # an empty cache at each repeat (or workload): see docs/benchmark.md
+                    key = (repeat,) if args.suffix_reset == "repeat" else (repeat, prompt.workload)
+                    if method.reset(key):
+                        log.info("%s: fresh stack for %s", method.name, key)
                 shift = (repeat + index) % len(methods)
                 for method in methods[shift:] + methods[:shift]:
                     bar.set_postfix_str(f"{prompt.workload}/{prompt.id} {method.name}", refresh=False)
@@ -179,31 +247,52 @@ def run(args: argparse.Namespace) -> dict:
             method.close()
 
     machine["load_avg_end"] = [round(x, 2) for x in os.getloadavg()]
-    rows = report.build_rows(samples, draft_cost, [m.name for m in methods])
-    return {
+    result = {
         "machine": machine,
         "model": str(args.model),
         "dtype": args.dtype,
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "rows": rows,
-        "config": {"repeats": repeats, "workloads": args.workloads.split(","), "prompts": len(prompts),
+        "verify_cost": verify,
+        "config": {"repeats": repeats, "workloads": parse_workloads(args.workloads), "prompts": len(prompts),
                    "max_tokens_cap": max_tokens, "fixed_k": fixed_ks, "anchor_lookup": args.anchor_lookup,
                    "draft_model": args.draft_model or None, "vllm": args.vllm, "draft_cost_c": draft_cost or None,
-                   "threads": args.threads, "quick": args.quick,
+                   "suffix": not args.no_suffix, "suffix_reset": args.suffix_reset,
+                   "suffix_draft_args": args.suffix_draft_args, "threads": args.threads, "quick": args.quick,
                    "run_seconds": round(time.monotonic() - started_run, 1)},
-        "samples": [{k: v for k, v in dataclasses.asdict(s).items() if k != "token_ids"} for s in samples],
+    }
+    result.update(aggregate(samples, result, [m.name for m in methods]))
+    result["samples"] = [{k: v for k, v in dataclasses.asdict(s).items() if k != "token_ids"} for s in samples]
+    return result
+
+
+def aggregate(samples, result: dict, method_order: list[str]) -> dict:
+    """rows, warmup and comparison from the samples: the same code for a run and for --rebuild."""
+    from bench import verify_cost
+
+    curve = verify_cost.ratio_curve(result.get("verify_cost"))
+    rows = report.build_rows(samples, result["config"].get("draft_cost_c") or {}, method_order, curve)
+    return {
+        "rows": rows,
+        "warmup": {"skip": warmup.SKIP, "repetitive": REPETITIVE_WORKLOADS, "curves": warmup.curves(samples)},
+        "comparison": warmup.comparison(samples, REPETITIVE_WORKLOADS, report.verify_t4(result)),
     }
 
 
-def rebuild(path: pathlib.Path) -> dict:
-    """Re-aggregate a saved run (its raw samples) with the current report code."""
+def rebuild(path: pathlib.Path, verify_cost_path: str = "") -> dict:
+    """Re-aggregate a saved run (its raw samples) with the current report code (and a verify-cost curve, if given)."""
     from bench.methods import Sample
 
+    from bench import verify_cost
+
     result = json.loads(path.read_text())
+    if verify_cost_path:
+        context = (result.get("verify_cost") or {}).get("context", 200)
+        result["verify_cost"] = verify_cost.read_for_run(verify_cost_path, context)
     samples = [Sample(**s) for s in result["samples"]]
     old = {(r["workload"], r["method"]): r for r in result["rows"]}
     order = list(dict.fromkeys(r["method"] for r in result["rows"]))
-    result["rows"] = report.build_rows(samples, result["config"].get("draft_cost_c") or {}, order)
+    result.update(aggregate(samples, result, order))
+    result["samples"] = result.pop("samples")  # last, as a run writes it
     for row in result["rows"]:  # token ids are not saved: keep what the run itself compared
         row["tokens_identical_to_off"] = old.get((row["workload"], row["method"]), {}).get("tokens_identical_to_off")
     if "torch_cpu_capability" not in result["machine"]:
@@ -227,6 +316,9 @@ def write_results(result: dict, out: pathlib.Path, plot: bool = True) -> dict[st
     if plot:
         paths["png"] = out / "latest.png"
         report.plot(paths["png"], result)
+        if result.get("warmup", {}).get("curves"):
+            paths["warmup_png"] = out / "latest_warmup.png"
+            warmup.plot(paths["warmup_png"], result)
     return paths
 
 
@@ -242,7 +334,7 @@ def main(argv: list[str] | None = None) -> int:
                         args.omp_wait_policy)
         os.environ["OMP_WAIT_POLICY"] = args.omp_wait_policy
     if args.rebuild:
-        result = rebuild(pathlib.Path(args.rebuild))
+        result = rebuild(pathlib.Path(args.rebuild), args.verify_cost)
     else:
         result = run(args)
     paths = write_results(result, pathlib.Path(args.out), plot=not args.no_plot)

@@ -1,23 +1,18 @@
-"""The speedup model of docs/DESIGN: E = (1 - a^(k+1)) / (1 - a), S = E / (k*c + 1 + rho).
+"""The benchmark's side of the speedup model: acceptance rate <-> alpha, break-even, and the ceiling.
 
-a (alpha) is the per-token acceptance probability, k the block length, c the
-draft step cost over the target step cost, rho the per-round transport cost over
-the target step cost. Measured acceptance *rate* (accepted / drafted, vLLM's
-convention) is a different number; `rate_from_alpha` and `alpha_from_rate`
-convert between them under the model's i.i.d. assumption. Whatever alpha is,
-tokens per drafted round are exactly 1 + k * rate.
+The model itself (E, v(n) = t(n)/t(1), S) is `specdec.speedup`, shared with the advisor and the
+verifier. Measured acceptance *rate* (accepted / drafted, vLLM's convention) is a different
+number from the per-token alpha; `rate_from_alpha` and `alpha_from_rate` convert between them
+under the model's i.i.d. assumption. Whatever alpha is, tokens per drafted round are exactly
+1 + k * rate.
 """
 
 from __future__ import annotations
 
 import math
 
-from specdec.speedup import expected_tokens  # noqa: F401 (part of this module's API)
-
-
-def predicted_speedup(alpha: float, k: float, c: float = 0.0, rho: float = 0.0) -> float:
-    """S = E / (k*c + 1 + rho): speculative tokens/s over plain decoding tokens/s."""
-    return expected_tokens(alpha, k) / (k * c + 1.0 + rho)
+from specdec.speedup import (VerifyCurve, best_k, expected_tokens, predicted_speedup,  # noqa: F401 (API)
+                             predicted_speedup_of_rounds, verify_cost, with_prefill)
 
 
 def rate_from_alpha(alpha: float, k: float) -> float:
@@ -50,22 +45,26 @@ def alpha_from_mean_accepted_length(mean_accepted_length: float, k: float) -> fl
     return alpha_from_rate((mean_accepted_length - 1.0) / k, k)
 
 
-def best_k(alpha: float, c: float, rho: float, k_max: int = 16) -> tuple[int, float]:
-    """The k in 1..k_max with the highest predicted speedup, and that speedup."""
-    scored = [(predicted_speedup(alpha, k, c, rho), k) for k in range(1, k_max + 1)]
-    speedup, k = max(scored)
-    return k, speedup
-
-
-def break_even_alpha(k: float, c: float, rho: float) -> float:
-    """The smallest alpha at which speculation at block length k pays (S = 1)."""
-    if predicted_speedup(1.0, k, c, rho) < 1.0:
+def break_even_alpha(k: float, curve: VerifyCurve | None = None, c: float = 0.0, rho: float = 0.0) -> float:
+    """The smallest alpha at which speculation at block length k pays (S = 1); inf when even alpha = 1 loses."""
+    if predicted_speedup(1.0, k, curve, c, rho) < 1.0:
         return math.inf
     lo, hi = 0.0, 1.0
     for _ in range(60):
         mid = (lo + hi) / 2
-        if predicted_speedup(mid, k, c, rho) < 1.0:
+        if predicted_speedup(mid, k, curve, c, rho) < 1.0:
             lo = mid
         else:
             hi = mid
     return hi
+
+
+def ceiling(curve: VerifyCurve | None, k_max: int = 16, c: float = 0.0, rho: float = 0.0,
+            rho_off: float = 0.0) -> tuple[int, float]:
+    """The best any draft can do on this machine: every token accepted (E = k + 1), at the best k.
+
+    Returns (k, speedup). A target figure above it is impossible here, whatever the draft.
+    """
+    scored = [(predicted_speedup(1.0, k, curve, c, rho, rho_off), k) for k in range(1, k_max + 1)]
+    speedup, k = max(scored)
+    return k, speedup

@@ -90,6 +90,31 @@ def measure(model, device: str, context: int, ks: list[int], repeats: int, warmu
             "ratio": {str(k): round(medians[k] / medians[ks[0]], 3) for k in ks}}
 
 
+# The n values a benchmark run measures: up to 17 tokens, a 16-token block and the verified token.
+RUN_NS = (1, 2, 3, 4, 5, 6, 8, 10, 13, 17)
+
+
+def measure_for_run(model, context: int, ns=RUN_NS, repeats: int = 8, warmup: int = 2) -> dict:
+    """The curve a benchmark run uses, measured in-process on the run's target (CPU, the run's threads)."""
+    curve = measure(model, "cpu", context, list(ns), repeats, warmup)
+    return {"source": "measured in-process at the start of this run", "repeats": repeats, **curve}
+
+
+def read_for_run(path: str | pathlib.Path, context: int) -> dict:
+    """The curve of a saved `python -m bench.verify_cost` result whose context is nearest to `context`."""
+    saved = json.loads(pathlib.Path(path).read_text())
+    curves = saved.get("curves") or []
+    if not curves or any("1" not in c.get("ratio", {}) for c in curves):
+        raise ValueError(f"{path}: not a bench.verify_cost result (needs curves with the ratio at n = 1)")
+    curve = min(curves, key=lambda c: abs(int(c["context"]) - context))
+    return {"source": str(path), "dtype": saved.get("dtype"), "model": saved.get("model"), **curve}
+
+
+def ratio_curve(record: dict | None) -> dict[int, float] | None:
+    """{n: t(n)/t(1)} of a run's verify-cost record, for specdec.speedup."""
+    return {int(n): float(v) for n, v in record["ratio"].items()} if record else None
+
+
 def plot(result: dict, path: pathlib.Path) -> None:
     import matplotlib
 

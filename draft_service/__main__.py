@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import sys
 
@@ -9,6 +10,7 @@ from draft_service.config import DraftConfig
 from draft_service.model_draft import ModelProposer
 from draft_service.ngram import NgramProposer
 from draft_service.server import DraftServicer
+from draft_service.suffix import SuffixConfig, SuffixProposer
 from specdec import config as specdec_config
 from specdec import grpc_server, models
 from specdec.service_main import run_main, serve_until_signal
@@ -27,6 +29,9 @@ def build_servicer(cfg: DraftConfig) -> DraftServicer:
         model = models.load_causal_lm(cfg.model, cfg.device, cfg.dtype)
         return DraftServicer(ModelProposer(model), models.describe(cfg.model, tokenizer, model), cfg)
     info = models.describe(cfg.model, tokenizer)
+    if cfg.method == "suffix":
+        suffix = SuffixConfig(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(SuffixConfig)})
+        return DraftServicer(SuffixProposer(suffix), info, cfg)
     return DraftServicer(NgramProposer(cfg.ngram_min, cfg.ngram_max), info, cfg)
 
 

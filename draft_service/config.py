@@ -4,17 +4,21 @@ from __future__ import annotations
 
 import dataclasses
 
+from draft_service.suffix import SuffixConfig
 from specdec.config import ModelConfig, option
 
 
 @dataclasses.dataclass(frozen=True)
-class DraftConfig(ModelConfig):
+class DraftConfig(ModelConfig, SuffixConfig):
     """Draft proposer"""
 
     model: str = option("", "draft model dir (method=model), or the tokenizer dir the n-gram proposer reports")
-    method: str = option("ngram", "proposer", choices=["model", "ngram"])
+    method: str = option("ngram", "proposer: a small causal LM, n-gram lookup in the request, or suffix decoding "
+                                  "over the request and earlier outputs", choices=["model", "ngram", "suffix"])
     ngram_min: int = option(1, "shortest n-gram the lookup matches")
     ngram_max: int = option(4, "longest n-gram the lookup matches")
     max_sequences: int = option(256, "live sequences at most; more get RESOURCE_EXHAUSTED")
+    sequence_ttl_s: float = option(60.0, "a stream that sends nothing for this long is ended (ABORTED) and its "
+                                         "sequence freed, so idle streams cannot hold the slots (0: no limit)")
     max_speculative_tokens: int = option(32, "largest block a round may ask for")
     inject_delay_ms: float = option(0.0, "fault injection for tests: sleep this long before each block")

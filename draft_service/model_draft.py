@@ -66,5 +66,6 @@ class ModelProposer(Proposer):
     def __init__(self, model):
         self.model = model
 
-    def start(self, prompt_ids: list[int], sampling: SamplingParams, return_probs: bool) -> ModelSequence:
+    def start(self, prompt_ids: list[int], sampling: SamplingParams, return_probs: bool,
+              tenant: str = "") -> ModelSequence:
         return ModelSequence(self.model, prompt_ids, sampling, return_probs)

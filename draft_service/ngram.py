@@ -63,6 +63,7 @@ class NgramProposer(Proposer):
     def __init__(self, min_n: int = 1, max_n: int = 4):
         self.min_n, self.max_n = min_n, max_n
 
-    def start(self, prompt_ids: list[int], sampling: SamplingParams, return_probs: bool) -> NgramSequence:
+    def start(self, prompt_ids: list[int], sampling: SamplingParams, return_probs: bool,
+              tenant: str = "") -> NgramSequence:
         # Deterministic proposals: q is one-hot, whatever the sampling parameters.
         return NgramSequence(prompt_ids, self.min_n, self.max_n)

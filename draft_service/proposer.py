@@ -48,6 +48,11 @@ class DraftSequence(abc.ABC):
     def _extend(self, token_ids: list[int]) -> None:
         """Append tokens (and index or cache them as the proposer needs)."""
 
+    def finish(self) -> None:
+        """The sequence ended normally (its stream was half-closed); `close` follows. A proposer that
+        learns from finished outputs (suffix) keeps what the target generated; a cancelled or failed
+        sequence gets only `close`."""
+
     def close(self) -> None:
         """Free what the sequence holds."""
 
@@ -59,5 +64,6 @@ class Proposer(abc.ABC):
     inline: bool = False
 
     @abc.abstractmethod
-    def start(self, prompt_ids: list[int], sampling: SamplingParams, return_probs: bool) -> DraftSequence:
-        """Open a sequence for the prompt."""
+    def start(self, prompt_ids: list[int], sampling: SamplingParams, return_probs: bool,
+              tenant: str = "") -> DraftSequence:
+        """Open a sequence for the prompt. `tenant` is an opaque id for proposers that keep per-tenant state."""

@@ -3,7 +3,10 @@
 The stream's first message opens the sequence; each later message rolls it back
 to what the verifier kept, appends the target's token(s), and asks for the next
 block. The sequence lives exactly as long as its stream, so a caller that goes
-away frees it.
+away frees it, and a stream that sends nothing for --sequence-ttl-s is ended
+(ABORTED), so idle streams cannot hold the --max-sequences slots. A sequence
+never grows past the target's context (StartSequence.max_context), checked
+before any work.
 """
 
 from __future__ import annotations
@@ -35,16 +38,19 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
         self._compute = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="draft-compute")
 
     async def GetDraftInfo(self, request, context):
-        return draft_pb2.GetDraftInfoResponse(info=self.info, method=self.proposer.method)
+        return draft_pb2.GetDraftInfoResponse(info=self.info, method=self.proposer.method,
+                                              max_speculative_tokens=self.config.max_speculative_tokens)
 
     async def Propose(self, request_iterator, context: grpc.aio.ServicerContext):
-        first = await anext(aiter(request_iterator), None)
+        requests = aiter(request_iterator)
+        first = await self._receive(requests, context, "")
         if first is None:
             return
         if first.WhichOneof("kind") != "start":
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the first Propose message must be `start`")
         start = first.start
-        problem = self._check_start(start)
+        longest = self._max_tokens(start.max_context)
+        problem = self._check_start(start, longest)
         if problem:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
         if len(self.live) >= self.config.max_sequences:
@@ -53,24 +59,37 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
         sampling = from_proto(start.sampling)
         try:
             sequence = await self._run(self.proposer.start, list(start.prompt_token_ids), sampling,
-                                       start.return_probs)
+                                       start.return_probs, start.tenant)
         except (ValueError, RuntimeError, ProposerError) as exc:  # e.g. a seed the generator cannot take
-            log.warning("request %s: cannot start a draft sequence: %s", start.request_id[:128], exc)
+            log.warning("request %s: cannot start a draft sequence: %s", start.request_id, exc)
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"start: cannot start the sequence: {exc}")
         key = id(sequence)
         self.live[key] = sequence
         metrics.LIVE_SEQUENCES.set(len(self.live))
         try:
-            async for request in request_iterator:
+            while (request := await self._receive(requests, context, start.request_id)) is not None:
                 if request.WhichOneof("kind") != "next":
                     await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "after `start`, send only `next` messages")
-                yield await self._next_block(sequence, request.next, context)
+                yield await self._next_block(sequence, request.next, context, longest)
+            sequence.finish()  # the verifier half-closed the stream: the sequence ended normally
         finally:
             del self.live[key]
             metrics.LIVE_SEQUENCES.set(len(self.live))
             sequence.close()
 
-    async def _next_block(self, sequence: DraftSequence, block: draft_pb2.NextBlock, context):
+    async def _receive(self, requests, context, request_id: str):
+        """The stream's next message, or None at its end. A stream idle past --sequence-ttl-s is ended."""
+        ttl_s = self.config.sequence_ttl_s
+        try:
+            return await asyncio.wait_for(anext(requests, None), ttl_s if ttl_s > 0 else None)
+        except asyncio.TimeoutError:
+            log.warning("request %s: no message for %g s (--sequence-ttl-s): dropping its draft sequence",
+                        request_id, ttl_s)
+            await context.abort(grpc.StatusCode.ABORTED,
+                                f"the draft dropped this stream: no message for {ttl_s:g} s (its --sequence-ttl-s); "
+                                "open a new stream")
+
+    async def _next_block(self, sequence: DraftSequence, block: draft_pb2.NextBlock, context, longest: int):
         if block.num_tokens > self.config.max_speculative_tokens:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                 f"num_tokens {block.num_tokens} exceeds --max-speculative-tokens "
@@ -79,7 +98,6 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
                                              "next.append_token_ids")
         if problems:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "; ".join(problems))
-        longest = self._max_tokens()
         kept = min(block.keep_length, len(sequence.tokens))  # a keep_length past the sequence: update() says so
         if kept + len(block.append_token_ids) + block.num_tokens > longest:
             await context.abort(grpc.StatusCode.OUT_OF_RANGE,
@@ -113,18 +131,24 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
             return fn(*args)
         return await asyncio.get_running_loop().run_in_executor(self._compute, fn, *args)
 
-    def _max_tokens(self) -> int:
-        """Longest sequence the draft keeps: its model's context, or a bound for a proposer with none."""
-        return self.info.max_context or limits.MAX_DRAFT_SEQUENCE_TOKENS
+    def _max_tokens(self, target_context: int) -> int:
+        """Longest sequence the draft keeps for a stream: the target's context (start.max_context), its own
+        model's, whichever is shorter; a fixed bound where neither is known."""
+        known = [n for n in (target_context, self.info.max_context) if n]
+        return min(known) if known else limits.MAX_DRAFT_SEQUENCE_TOKENS
 
-    def _check_start(self, start: draft_pb2.StartSequence) -> str | None:
+    def _check_start(self, start: draft_pb2.StartSequence, longest: int) -> str | None:
+        """Sizes first (before looking at each id), then the ids, the sampling and the client's strings."""
         if not start.prompt_token_ids:
             return "start.prompt_token_ids must not be empty"
-        if len(start.prompt_token_ids) > self._max_tokens():
+        if len(start.prompt_token_ids) > longest:
             return (f"start.prompt_token_ids has {len(start.prompt_token_ids)} tokens; the draft keeps at most "
-                    f"{self._max_tokens()}")
+                    f"{longest} (start.max_context {start.max_context}, the draft's own limit "
+                    f"{self.info.max_context or limits.MAX_DRAFT_SEQUENCE_TOKENS})")
         problems = limits.token_ids_problems(list(start.prompt_token_ids), self.info.vocab_size,
                                              "start.prompt_token_ids")
         problems += [f"start.sampling.{p}" for p in from_proto(start.sampling).problems()]
+        problems += limits.text_problems(start.request_id, "start.request_id", limits.MAX_REQUEST_ID_LENGTH)
+        problems += limits.text_problems(start.tenant, "start.tenant", limits.MAX_TENANT_LENGTH)
         return "; ".join(problems) or None
 

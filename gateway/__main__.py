@@ -1,12 +1,18 @@
-"""python -m gateway: serve the public API (specdec.v1.Gateway)."""
+"""python -m gateway: serve the public API: specdec.v1.Gateway over gRPC, and the OpenAI-compatible HTTP API."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import sys
 
+from grpc_health.v1 import health_pb2_grpc
+
 from gateway.auth import ApiKeyInterceptor, parse_keys
 from gateway.config import GatewayConfig
+from gateway.generation import Generation
+from gateway.http_server import RunningHttp, start_http
+from gateway.openai_api import ServedModel, create_app
 from gateway.server import GatewayServicer
 from gateway.validation import ModelLimits
 from specdec import config as specdec_config
@@ -56,6 +62,16 @@ async def check_peers(cfg: GatewayConfig, channel, server_cfg, tokenizer_info):
     return target
 
 
+class FrontDoors:
+    """The gRPC server and the HTTP API as one running server: stopping it drains both at once."""
+
+    def __init__(self, running: grpc_server.RunningServer, http: RunningHttp | None):
+        self.running, self.http, self.port = running, http, running.port
+
+    async def stop(self, grace_s: float) -> None:
+        await asyncio.gather(self.running.stop(grace_s), *([self.http.stop()] if self.http else []))
+
+
 async def serve(server_cfg: specdec_config.ServerConfig, cfg: GatewayConfig) -> None:
     if not cfg.model:
         raise models.ModelLoadError("--model is required: the target model's directory (for its tokenizer)")
@@ -63,16 +79,24 @@ async def serve(server_cfg: specdec_config.ServerConfig, cfg: GatewayConfig) -> 
     channel = grpc_server.open_channel(cfg.verifier, server_cfg)
     target = await check_peers(cfg, channel, server_cfg, models.describe(cfg.model, tokenizer))
     max_context = target.max_context if not cfg.max_prompt_tokens else min(target.max_context, cfg.max_prompt_tokens)
-    servicer = GatewayServicer(tokenizer, verifier_pb2_grpc.VerifierServiceStub(channel),
-                               ModelLimits(target.vocab_size, max_context), cfg)
+    generation = Generation(tokenizer, verifier_pb2_grpc.VerifierServiceStub(channel),
+                            ModelLimits(target.vocab_size, max_context), cfg)
     keys = parse_keys(cfg.api_keys)
+    http = None
+    if cfg.http_port >= 0:
+        app = create_app(generation, ServedModel(cfg.served_model_name or cfg.model, max_context), keys,
+                         health_pb2_grpc.HealthStub(channel))
+        http = await start_http(app, server_cfg, cfg.http_port)
+        log.info("OpenAI-compatible HTTP API on port %d (%s)", http.port,
+                 "https" if server_cfg.tls_cert else "http")
     running = await grpc_server.start_server(
         server_cfg,
-        lambda server: gateway_pb2_grpc.add_GatewayServicer_to_server(servicer, server),
+        lambda server: gateway_pb2_grpc.add_GatewayServicer_to_server(GatewayServicer(generation), server),
         [gateway_pb2.DESCRIPTOR.services_by_name["Gateway"].full_name],
         interceptors=[ApiKeyInterceptor(keys)] if keys else [],
     )
-    await serve_until_signal(running, server_cfg, f"gateway (verifier {cfg.verifier}, auth {'on' if keys else 'off'})")
+    await serve_until_signal(FrontDoors(running, http), server_cfg,
+                             f"gateway (verifier {cfg.verifier}, auth {'on' if keys else 'off'})")
     await channel.close()
 
 

@@ -6,15 +6,26 @@ constant time and never logged.
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 
 import grpc
 
+from specdec.grpc_server import ConfigError
+from specdec.interceptors import refusing
+
 OPEN_PREFIXES = ("/grpc.health.v1.", "/grpc.reflection.")
+REFUSED = "missing or wrong API key: send `authorization: Bearer <key>`"
 
 
 def parse_keys(text: str) -> list[str]:
-    return [key.strip() for key in text.split(",") if key.strip()]
+    """The comma-separated keys of --api-keys. Empty text turns auth off; text that names no key is refused
+    (`" , "` must not silently mean "auth off")."""
+    keys = [key.strip() for key in text.split(",") if key.strip()]
+    if text.strip() and not keys:
+        raise ConfigError(f"--api-keys {text!r} names no key: give comma-separated keys, or leave it empty to turn "
+                          "authentication off")
+    return keys
 
 
 def presented_key(metadata) -> str:
@@ -24,6 +35,12 @@ def presented_key(metadata) -> str:
         if key == "x-api-key":
             return value.strip()
     return ""
+
+
+def tenant_of(key: str) -> str:
+    """The opaque tenant id of an API key, for per-tenant state downstream (the suffix draft's cache).
+    A hash, so the key itself never leaves the gateway."""
+    return hashlib.sha256(b"specdec-tenant:" + key.encode()).hexdigest()[:16] if key else ""
 
 
 class ApiKeyInterceptor(grpc.aio.ServerInterceptor):
@@ -38,23 +55,4 @@ class ApiKeyInterceptor(grpc.aio.ServerInterceptor):
         method = handler_call_details.method
         if method.startswith(OPEN_PREFIXES) or self._allowed(presented_key(handler_call_details.invocation_metadata)):
             return await continuation(handler_call_details)
-        return _deny(await continuation(handler_call_details))
-
-
-def _deny(handler: grpc.RpcMethodHandler | None) -> grpc.RpcMethodHandler:
-    message = "missing or wrong API key: send `authorization: Bearer <key>`"
-
-    async def unary(request, context):
-        await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
-
-    async def streaming(request, context):
-        await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
-        yield  # pragma: no cover  (makes this an async generator)
-
-    if handler is not None and handler.response_streaming:
-        return grpc.unary_stream_rpc_method_handler(
-            streaming, request_deserializer=handler.request_deserializer,
-            response_serializer=handler.response_serializer)
-    return grpc.unary_unary_rpc_method_handler(
-        unary, request_deserializer=handler.request_deserializer if handler else None,
-        response_serializer=handler.response_serializer if handler else None)
+        return refusing(await continuation(handler_call_details), grpc.StatusCode.UNAUTHENTICATED, REFUSED)

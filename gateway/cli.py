@@ -5,12 +5,14 @@
     python -m gateway.cli "..." --no-speculation
 
 Streams the text to stdout and prints the speculation statistics to stderr.
-Exits 1 with one line when the gateway is unreachable or refuses the request.
+Exits 1 with one line when the gateway is unreachable or refuses the request,
+and 2 with one line on a flag it cannot send (out of the wire's range).
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 
@@ -20,27 +22,71 @@ from specdec.chat_format import chatml
 from specdec.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 
 EXIT_RPC_ERROR = 1
+EXIT_USAGE = 2
+INT32_MAX, UINT32_MAX, UINT64_MAX = 2**31 - 1, 2**32 - 1, 2**64 - 1
+
+
+class Parser(argparse.ArgumentParser):
+    """Usage errors in one line (exit 2), not argparse's usage block."""
+
+    def error(self, message: str):
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def integer(low: int, high: int):
+    """An argparse type: an integer in [low, high], the range the request's field can carry."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{value} is out of range: use {low}..{high}")
+        return value
+
+    return parse
+
+
+def number(low: float, high: float = math.inf, low_open: bool = False):
+    """An argparse type: a finite number in [low, high] ((low, high] with low_open)."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
+        if value < low or (low_open and value == low) or value > high:
+            bracket = "(" if low_open else "["
+            raise argparse.ArgumentTypeError(f"{value} is out of range: use {bracket}{low:g}, {high:g}]")
+        return value
+
+    return parse
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m gateway.cli", description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = Parser(prog="python -m gateway.cli", description=__doc__.split("\n\n")[0],
+                    formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("prompt", help="prompt text")
     parser.add_argument("--addr", default=os.environ.get("SPECDEC_GATEWAY", "localhost:50051"),
                         help="gateway HOST:PORT (env SPECDEC_GATEWAY)")
     parser.add_argument("--chat", action="store_true", help="wrap the prompt as a ChatML user turn")
-    parser.add_argument("--max-tokens", type=int, default=128)
-    parser.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
-    parser.add_argument("--top-p", type=float, default=None)
-    parser.add_argument("--top-k", type=int, default=0)
-    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--max-tokens", type=integer(1, UINT32_MAX), default=128)
+    parser.add_argument("--temperature", type=number(0.0), default=0.0, help="0 is greedy")
+    parser.add_argument("--top-p", type=number(0.0, 1.0, low_open=True), default=None)
+    parser.add_argument("--top-k", type=integer(0, INT32_MAX), default=0, help="0 keeps every token")
+    parser.add_argument("--seed", type=integer(0, UINT64_MAX), default=None,
+                        help="reproducible sampling with an explicit -k (see SamplingParams.seed in common.proto)")
     parser.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
-    parser.add_argument("-k", "--num-speculative-tokens", type=int, default=None, help="draft block length")
+    parser.add_argument("-k", "--num-speculative-tokens", type=integer(0, UINT32_MAX), default=None,
+                        help="draft block length")
     parser.add_argument("--no-speculation", action="store_true", help="decode without a draft (k = 0)")
     parser.add_argument("--no-stream", action="store_true", help="one unary Generate call")
     parser.add_argument("--api-key", default=os.environ.get("SPECDEC_API_KEY", ""), help="env SPECDEC_API_KEY")
     parser.add_argument("--tls-ca", default=os.environ.get("SPECDEC_TLS_CA", ""), help="PEM CA for a TLS gateway")
-    parser.add_argument("--timeout", type=float, default=600.0, help="seconds")
+    parser.add_argument("--timeout", type=number(0.0, low_open=True), default=600.0, help="seconds")
     return parser
 
 
@@ -76,7 +122,10 @@ def open_channel(args: argparse.Namespace) -> grpc.Channel:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.tls_ca and not os.path.isfile(args.tls_ca):
+        parser.error(f"argument --tls-ca: no such file: {args.tls_ca}")
     metadata = [("authorization", f"Bearer {args.api_key}")] if args.api_key else []
     request = build_request(args)
     with open_channel(args) as channel:

@@ -21,3 +21,7 @@ class GatewayConfig:
     request_timeout_s: float = option(600.0, "deadline of one request to the verifier")
     api_keys: str = option("", "comma-separated API keys; when set, calls need `authorization: Bearer KEY`")
     trace_prompts: bool = option(False, "record prompt text in spans (off: prompts stay out of traces)")
+    http_port: int = option(8000, "OpenAI-compatible HTTP API port, on --host with the same TLS flags "
+                                  "(0 picks a free one and logs it; -1 turns it off)")
+    served_model_name: str = option("", "the model name of the HTTP API: /v1/models lists it and requests must "
+                                        "name it (default: the --model path, as vLLM does)")

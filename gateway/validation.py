@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from specdec import limits
-from specdec.sampling import SamplingParams
-from specdec.v1 import common_pb2, gateway_pb2, verifier_pb2
+from specdec import limits, sampling
+from specdec.v1 import gateway_pb2, verifier_pb2
 
 
 class InvalidRequest(ValueError):
@@ -19,13 +18,13 @@ class ModelLimits:
     max_context: int
 
 
-def sampling_problems(request: gateway_pb2.GenerateRequest) -> list[str]:
-    params = SamplingParams(
+def sampling_params(request: gateway_pb2.GenerateRequest) -> sampling.SamplingParams:
+    return sampling.SamplingParams(
         temperature=request.temperature,
         top_p=request.top_p if request.HasField("top_p") else 1.0,
         top_k=request.top_k,
+        seed=request.seed if request.HasField("seed") else None,
     )
-    return params.problems()
 
 
 def check_generate_request(request: gateway_pb2.GenerateRequest, prompt_ids: list[int] | None, limits_: ModelLimits,
@@ -39,7 +38,8 @@ def check_generate_request(request: gateway_pb2.GenerateRequest, prompt_ids: lis
         raise InvalidRequest("prompt must not be empty")
     field = "prompt" if which == "prompt" else "prompt_token_ids"
     problems += limits.prompt_ids_problems(prompt_ids or [], limits_.vocab_size, field)
-    problems += sampling_problems(request)
+    params = sampling_params(request)
+    problems += params.problems()
     max_tokens = request.max_tokens or default_max_tokens
     if prompt_ids and len(prompt_ids) + max_tokens > limits_.max_context:
         problems.append(f"max_tokens {max_tokens} plus {len(prompt_ids)} prompt tokens exceeds the model's "
@@ -47,13 +47,8 @@ def check_generate_request(request: gateway_pb2.GenerateRequest, prompt_ids: lis
     problems += limits.stop_problems(list(request.stop), "stop")
     if problems:
         raise InvalidRequest("; ".join(problems))
-    sampling = common_pb2.SamplingParams(temperature=request.temperature, top_k=request.top_k)
-    if request.HasField("top_p"):
-        sampling.top_p = request.top_p
-    if request.HasField("seed"):
-        sampling.seed = request.seed
-    decode = verifier_pb2.DecodeRequest(prompt_token_ids=prompt_ids, sampling=sampling, max_tokens=max_tokens,
-                                        stop=list(request.stop))
+    decode = verifier_pb2.DecodeRequest(prompt_token_ids=prompt_ids, sampling=sampling.to_proto(params),
+                                        max_tokens=max_tokens, stop=list(request.stop))
     if request.HasField("num_speculative_tokens"):
         decode.num_speculative_tokens = request.num_speculative_tokens
     elif default_k >= 0:

@@ -74,7 +74,10 @@ def from_namespace(config_type: type, namespace: argparse.Namespace, parser: arg
                 parser.error(f"{env_name(field.name)}={raw!r}: choose from {', '.join(map(str, choices))}")
         if value is not None:
             values[field.name] = value
-    return config_type(**values)
+    try:
+        return config_type(**values)
+    except ValueError as exc:  # a dataclass's own cross-field checks (__post_init__)
+        parser.error(str(exc))
 
 
 def parse(config_types: list[type], description: str, argv: list[str] | None = None,
@@ -108,6 +111,12 @@ class ServerConfig:
                                                  "(set false on the gateway for TLS-only public clients)")
     max_message_mb: int = option(16, "largest gRPC message accepted, in MiB")
     log_level: str = option("INFO", "logging level", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    log_format: str = option("text", "log lines as text, or as one JSON object per line (either way, control "
+                                     "characters in messages are escaped)", choices=["text", "json"])
+    internal_token_file: str = option(
+        "", "file holding the shared service-to-service token: this service sends it on every call to a peer, and "
+            "the internal services (verifier, draft) then refuse calls without it (UNAUTHENTICATED); health "
+            "checks stay open. Empty: no token", metavar="PATH")
     grace_s: float = option(5.0, "seconds to drain in-flight calls on shutdown")
 
 

@@ -1,13 +1,17 @@
-"""Start a gRPC aio server with health, reflection, tracing and TLS; stop it gracefully.
+"""Start a gRPC aio server with health, reflection, tracing, TLS and the internal token; stop it gracefully.
 
 Every service serves grpc.health.v1 and server reflection. Shutdown follows the
 gRPC examples: health NOT_SERVING first, then drain in-flight calls, then stop.
+Every server parses requests without tracebacks and closes response streams in
+their own task (`specdec.interceptors`); with --internal-token-file, every
+channel sends the token and the internal services require it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import logging
 import pathlib
 import signal
@@ -18,7 +22,8 @@ from grpc_health.v1 import _async as health_async
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from specdec import telemetry
+from specdec import interceptors as call_interceptors
+from specdec import limits, telemetry
 from specdec.config import ServerConfig
 
 log = logging.getLogger(__name__)
@@ -33,6 +38,21 @@ def _read(path: str, what: str) -> bytes:
         return pathlib.Path(path).read_bytes()
     except OSError as exc:
         raise ConfigError(f"cannot read {what} {path!r}: {exc.strerror}") from exc
+
+
+def internal_token(config: ServerConfig) -> str:
+    """The shared service-to-service token from --internal-token-file ("" when unset)."""
+    if not config.internal_token_file:
+        return ""
+    token = _read(config.internal_token_file, "--internal-token-file").decode("utf-8", "replace").strip()
+    fix = (f"write one random token into {config.internal_token_file}, the same for every service "
+           "(e.g. `openssl rand -hex 32`)")
+    if not token:
+        raise ConfigError(f"--internal-token-file {config.internal_token_file} is empty: {fix}")
+    if len(token) < 16 or not all("!" <= c <= "~" for c in token):
+        raise ConfigError(f"the internal token in {config.internal_token_file} must be at least 16 printable ASCII "
+                          f"characters without spaces: {fix}")
+    return token
 
 
 def message_options(config: ServerConfig) -> list[tuple[str, int]]:
@@ -64,7 +84,7 @@ def channel_credentials(config: ServerConfig) -> grpc.ChannelCredentials | None:
 
 
 def open_channel(target: str, config: ServerConfig) -> grpc.aio.Channel:
-    """A traced aio channel to a peer, over TLS when configured."""
+    """A traced aio channel to a peer, over TLS when configured, sending the internal token when set."""
     # Peers are services that restart: retry the connection every 2 s at most, not gRPC's default of up to 120 s.
     options = message_options(config) + [("grpc.enable_retries", 1), ("grpc.keepalive_time_ms", 30_000),
                                          ("grpc.initial_reconnect_backoff_ms", 250),
@@ -74,6 +94,9 @@ def open_channel(target: str, config: ServerConfig) -> grpc.aio.Channel:
                                          ("grpc.lb_policy_name", "round_robin")]
     credentials = channel_credentials(config)
     interceptors = telemetry.client_interceptors()
+    token = internal_token(config)
+    if token:
+        interceptors += call_interceptors.internal_token_interceptors(token)
     if credentials is None:
         return grpc.aio.insecure_channel(target, options=options, interceptors=interceptors)
     return grpc.aio.secure_channel(target, credentials, options=options, interceptors=interceptors)
@@ -103,8 +126,13 @@ async def start_server(
     interceptors: typing.Sequence[grpc.aio.ServerInterceptor] = (),
 ) -> RunningServer:
     """Bind, register the services plus health and reflection, start, and report SERVING."""
+    token = internal_token(config)
+    guards = [call_interceptors.RequireInternalToken(token)] if token else []
+    # outermost first: CloseStreams must wrap the tracing span, ParseRequests sits next to the servicer
     server = grpc.aio.server(
-        interceptors=[*telemetry.server_interceptors(), *interceptors], options=message_options(config)
+        interceptors=[call_interceptors.CloseStreams(), *telemetry.server_interceptors(), *guards, *interceptors,
+                      call_interceptors.ParseRequests()],
+        options=message_options(config),
     )
     register(server)
     health = health_async.HealthServicer()
@@ -131,6 +159,33 @@ async def wait_for_signal() -> None:
     await stop.wait()
 
 
-def setup_logging(level: str) -> None:
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+def escape_controls(text: str) -> str:
+    """One log line whatever a client put in the message: control characters become escapes (\\n, \\x1b)."""
+    return limits.CONTROL_CHARACTERS.sub(lambda match: match.group().encode("unicode_escape").decode("ascii"), text)
+
+
+class TextFormatter(logging.Formatter):
+    """The usual text line, with control characters in the message escaped (a traceback keeps its lines)."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        record.message = escape_controls(record.message)
+        return super().formatMessage(record)
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: time, level, logger, message (and exception, as text)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = {"time": self.formatTime(record), "level": record.levelname, "logger": record.name,
+                "message": record.getMessage()}
+        if record.exc_info:
+            line["exception"] = self.formatException(record.exc_info)
+        return json.dumps(line)  # ASCII: non-ASCII line separators (U+2028, NEL) are escaped too
+
+
+def setup_logging(level: str, log_format: str = "text") -> None:
+    handler = logging.StreamHandler()
+    handler.setFormatter(JsonFormatter() if log_format == "json"
+                         else TextFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=level, handlers=[handler])
     logging.getLogger("httpx").setLevel(logging.WARNING)

@@ -2,11 +2,28 @@
 
 from __future__ import annotations
 
+import re
+
 MAX_STOP_STRINGS = 16
 MAX_STOP_LENGTH = 256
 MAX_PROMPT_CHARS = 1_000_000
-# A proposer with no context limit of its own (n-gram) keeps at most this many tokens per sequence.
-MAX_DRAFT_SEQUENCE_TOKENS = 1 << 20
+MAX_TENANT_LENGTH = 128
+MAX_REQUEST_ID_LENGTH = 128
+# A draft keeps at most this many tokens per sequence when neither the caller (StartSequence.max_context: the
+# target's context) nor its own model sets a limit (n-gram, suffix).
+MAX_DRAFT_SEQUENCE_TOKENS = 1 << 17
+# Characters that break a log line or fake a new one: C0 and C1 controls (newline, CR, ESC...), U+2028, U+2029.
+CONTROL_CHARACTERS = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def text_problems(text: str, field: str, max_length: int) -> list[str]:
+    """A client's string that may reach a log (request_id, tenant): bounded, and no control characters."""
+    if len(text) > max_length:
+        return [f"{field} must be at most {max_length} characters"]
+    bad = CONTROL_CHARACTERS.search(text)
+    if bad:
+        return [f"{field} must not contain control characters (found U+{ord(bad.group()):04X})"]
+    return []
 
 
 def prompt_ids_problems(ids: list[int], vocab_size: int, field: str) -> list[str]:

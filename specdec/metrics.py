@@ -47,15 +47,35 @@ def record_round(num_draft_tokens: int, num_accepted: int) -> None:
         ACCEPTED_PER_POS.labels(position=str(position)).inc()
 
 
-def serve(port: int) -> int | None:
-    """Start the /metrics HTTP endpoint; -1 turns it off. Returns the port."""
+def serve(port: int, host: str = "") -> int | None:
+    """Start the /metrics HTTP endpoint on the gRPC server's --host; -1 turns it off. Returns the port.
+
+    A wildcard host ("[::]", "0.0.0.0", "") binds every IPv4 address, as before; any other host (say
+    127.0.0.1) binds only that one, so `--host 127.0.0.1` keeps /metrics off the network too."""
     if port < 0:
         return None
-    server, _thread = start_http_server(port)
+    address = host.strip("[]")
+    server, _thread = start_http_server(port, addr="0.0.0.0" if address in ("", "::", "0.0.0.0", "*") else address)
     return server.server_port
 
 
 ENGINE_STEP_SEQUENCES = Histogram(
     "specdec_engine_step_sequences", "Sequences that received tokens from one batched engine step (vLLM engine)",
     buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
+)
+
+
+# Suffix decoding (draft_service/suffix.py): the global cache of finished outputs, and how often it drafts.
+SUFFIX_CACHED_REQUESTS = Gauge("specdec_draft_suffix_cached_requests", "Finished outputs held by the suffix cache")
+SUFFIX_CACHED_TOKENS = Gauge("specdec_draft_suffix_cached_tokens", "Output tokens held by the suffix cache")
+SUFFIX_EVICTIONS = Counter(
+    "specdec_draft_suffix_evictions",
+    "Outputs evicted from the suffix cache (reason: requests or tokens budget), or cut to fit it (oversized)",
+    ["reason"],
+)
+SUFFIX_PROPOSALS = Counter("specdec_draft_suffix_proposals", "Suffix proposals asked for (k > 0)")
+SUFFIX_PROPOSALS_MATCHED = Counter(
+    "specdec_draft_suffix_proposals_matched",
+    "Suffix proposals that drafted at least one token, by the tree that won (request or cache)",
+    ["source"],
 )

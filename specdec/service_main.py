@@ -15,7 +15,7 @@ log = logging.getLogger(__name__)
 async def serve_until_signal(running: grpc_server.RunningServer, server_cfg: specdec_config.ServerConfig,
                              what: str) -> None:
     """Expose /metrics, log where we serve, then on SIGINT/SIGTERM: NOT_SERVING, drain, stop."""
-    metrics_port = metrics.serve(server_cfg.metrics_port)
+    metrics_port = metrics.serve(server_cfg.metrics_port, server_cfg.host)
     log.info("%s serving on port %d; metrics on %s", what, running.port, metrics_port)
     await grpc_server.wait_for_signal()
     log.info("shutting down: NOT_SERVING, draining for up to %.0f s", server_cfg.grace_s)
@@ -35,7 +35,7 @@ def run_main(
     """Parse flags/env into (ServerConfig, config_type), run `serve`; exit 2 with one line on a start-up error."""
     server_cfg, cfg = specdec_config.parse([specdec_config.ServerConfig, config_type], description, argv,
                                            defaults=defaults, prog=prog)
-    grpc_server.setup_logging(server_cfg.log_level)
+    grpc_server.setup_logging(server_cfg.log_level, server_cfg.log_format)
     if isinstance(cfg, specdec_config.ModelConfig):
         models.set_up_torch(cfg.threads)
     provider = telemetry.setup_tracing(service_name)

@@ -14,7 +14,12 @@ import socket
 import subprocess
 import sys
 import time
+
 REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
+# What the services run with unless the caller's environment says otherwise: the configuration the benchmark
+# measures. OpenMP threads that spin while waiting (the default policy) starve the other services on a shared
+# CPU host (a 3-4x slower round at a 20 ms draft round trip); the Dockerfiles set the same.
+SERVICE_ENV_DEFAULTS = {"OMP_WAIT_POLICY": "PASSIVE"}
 
 
 def free_port() -> int:
@@ -59,7 +64,11 @@ class Service:
         self.address = f"127.0.0.1:{self.port}"
         self.log_path = (log_dir or pathlib.Path(os.environ.get("TMPDIR", "/tmp"))) / f"{module}-{self.port}.log"
         python_path = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
-        full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": python_path, **(env or {})}
+        full_env = {**SERVICE_ENV_DEFAULTS, **os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": python_path,
+                    **(env or {})}
+        if module == "gateway" and not any(a.startswith("--http-port") for a in args):
+            args = [*args, "--http-port", str(free_port())]  # never the fixed default: stacks run side by side
+        self.http_port = next((int(b) for a, b in zip(args, args[1:]) if a == "--http-port"), None)
         self._log = open(self.log_path, "w")  # noqa: SIM115 (closed in stop)
         self.process = subprocess.Popen(
             [python or sys.executable, "-m", module, "--host", "127.0.0.1", "--port", str(self.port),
@@ -92,7 +101,8 @@ def running_stack(target_dir, draft_dir=None, method: str = "ngram", verifier_ar
                   verifier_python: str | None = None):
     """Start draft, verifier and gateway as real processes; yield them as a dict; stop them after.
 
-    ports: optional {"draft": (grpc, metrics), "verifier": (...), "gateway": (...)}; free ports otherwise.
+    ports: optional {"draft": (grpc, metrics), "verifier": (...), "gateway": (...), "gateway_http": port};
+    free ports otherwise.
     verifier_python: the interpreter for the verifier (the vLLM engine lives in .venv-vllm).
     """
     services = {}
@@ -104,10 +114,11 @@ def running_stack(target_dir, draft_dir=None, method: str = "ngram", verifier_ar
         services["verifier"] = Service(
             "verifier_service", ["--model", str(target_dir), "--draft", services["draft"].address, *verifier_args],
             env, log_dir, *ports.get("verifier", (0, 0)), python=verifier_python)
+        http = ["--http-port", str(ports["gateway_http"])] if "gateway_http" in ports else []
         services["gateway"] = Service(
             "gateway", ["--model", str(target_dir), "--verifier", services["verifier"].address,
-                        "--draft", services["draft"].address, *gateway_args], env, log_dir,
-            *ports.get("gateway", (0, 0)))
+                        "--draft", services["draft"].address, *http, *gateway_args], env,
+            log_dir, *ports.get("gateway", (0, 0)))
         for service in services.values():
             try:
                 wait_serving(service.address, timeout_s, service.process)

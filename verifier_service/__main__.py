@@ -45,6 +45,10 @@ async def serve(server_cfg: specdec_config.ServerConfig, cfg: VerifierConfig) ->
         try:
             await draft.check_compatible(wait_s=cfg.draft_wait_s)
             log.info("draft at %s (%s) shares the target's tokenizer", cfg.draft, draft.method)
+            if 0 < draft.max_k < cfg.max_speculative_tokens:
+                log.warning("the draft serves blocks of at most %d tokens (its --max-speculative-tokens): k is capped "
+                            "there, below this verifier's --max-speculative-tokens %d", draft.max_k,
+                            cfg.max_speculative_tokens)
         except DraftUnavailable as exc:
             log.warning("draft not reachable yet (%s); decoding without it until it is", exc)
     servicer = VerifierServicer(engine, tokenizer, info, cfg, draft)

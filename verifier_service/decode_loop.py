@@ -39,6 +39,7 @@ class DecodeSpec:
     max_tokens: int
     stop: list[str]
     num_speculative_tokens: int | None  # None: the server's default, adapted
+    tenant: str = ""  # opaque tenant id from the gateway; the draft keeps tenants' learnt outputs apart
 
 
 @dataclasses.dataclass
@@ -67,13 +68,20 @@ class Engine(typing.Protocol):
 
 async def decode(engine: Engine, spec: DecodeSpec, speculation: RequestSpeculation,
                  stopper: StopChecker) -> typing.AsyncIterator[RoundOutput]:
-    """One sequence, round by round, cut at its first stop condition. Ends the draft stream at the end."""
+    """One sequence, round by round, cut at its first stop condition.
+
+    At the end the draft stream is closed: after a normal finish with the final tokens (a draft that
+    learns from finished outputs keeps them), after a cancel or failure without (it keeps nothing).
+    """
+    tokens, finished = list(spec.prompt_ids), False
     try:
         async with contextlib.aclosing(engine.rounds(spec, speculation)) as rounds:
             async for emitted in rounds:
                 checked = stopper.check(emitted)
+                tokens += checked.kept
+                finished = checked.finish_reason is not None
                 yield RoundOutput(checked.kept, checked.finish_reason, checked.matched_stop)
-                if checked.finish_reason:
+                if finished:
                     return
     finally:
-        speculation.close()
+        speculation.close(tokens if finished else None)

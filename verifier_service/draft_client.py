@@ -27,12 +27,31 @@ from specdec.v1 import common_pb2, draft_pb2, draft_pb2_grpc
 log = logging.getLogger(__name__)
 
 
-# Errors about one request (the draft refused it), not about the draft: they do not back off other sequences.
+# Errors about one request (the draft refused it, or dropped its idle stream: ABORTED, the draft's
+# --sequence-ttl-s), not about the draft: they do not back off other sequences.
 REQUEST_ERRORS = frozenset({grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION,
-                            grpc.StatusCode.OUT_OF_RANGE})
+                            grpc.StatusCode.OUT_OF_RANGE, grpc.StatusCode.ABORTED})
 
 
 _DRAINING: set[asyncio.Task] = set()  # strong references to streams being closed
+
+
+def _end(call) -> None:
+    """Cancel a Propose call and release its request side. When the draft ended the call first, cancel() does
+    nothing, and grpc.aio's proxy for call.write() (used when a channel has interceptors) would wait for a
+    request forever; collected later, it logs "Task was destroyed but it is pending" and "aclose(): asynchronous
+    generator is already running". Half-closing ends that proxy."""
+    call.cancel()
+    task = asyncio.get_running_loop().create_task(_release_writes(call))
+    _DRAINING.add(task)
+    task.add_done_callback(_DRAINING.discard)
+
+
+async def _release_writes(call) -> None:
+    try:
+        await asyncio.wait_for(call.done_writing(), 5.0)
+    except (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.TimeoutError, asyncio.InvalidStateError):
+        pass  # the call is over either way
 
 
 class DraftUnavailable(Exception):
@@ -77,6 +96,7 @@ class DraftLink:
         self.backoff = Backoff()
         self.checked = False  # tokenizer compatibility verified on this channel
         self.method = ""
+        self.max_k = 0  # the largest block the draft serves (GetDraftInfo); 0: not reported
 
     async def check_compatible(self, wait_s: float = 0.0) -> None:
         """Ask the draft for its tokenizer and refuse a mismatch (raises DraftIncompatible)."""
@@ -94,16 +114,17 @@ class DraftLink:
         if problem:
             raise DraftIncompatible(problem)
         self.method = reply.method
+        self.max_k = reply.max_speculative_tokens
         self.checked = True
 
     def available(self) -> bool:
         return self.backoff.ready()
 
-    def session(self, request_id: str, sampling: SamplingParams) -> DraftSession:
+    def session(self, request_id: str, sampling: SamplingParams, tenant: str = "") -> DraftSession:
         """A handle for one sequence; its stream opens on the first proposal."""
-        return DraftSession(self, request_id, sampling)
+        return DraftSession(self, request_id, sampling, tenant)
 
-    async def open(self, request_id: str, tokens: list[int], sampling: SamplingParams):
+    async def open(self, request_id: str, tokens: list[int], sampling: SamplingParams, tenant: str = ""):
         """Start a sequence on a new Propose stream and return the call. Raises DraftUnavailable (and backs off)."""
         try:
             if not self.checked:
@@ -111,9 +132,13 @@ class DraftLink:
             call = self.stub.Propose()
             start = draft_pb2.StartSequence(
                 request_id=request_id, prompt_token_ids=tokens, sampling=to_proto(sampling),
-                return_probs=not sampling.greedy,
+                return_probs=not sampling.greedy, tenant=tenant, max_context=self.target_info.max_context,
             )
-            await asyncio.wait_for(call.write(draft_pb2.ProposeRequest(start=start)), self.timeout_s)
+            try:
+                await asyncio.wait_for(call.write(draft_pb2.ProposeRequest(start=start)), self.timeout_s)
+            except BaseException:  # failed, timed out or cancelled: the draft may hold the start; end the stream
+                _end(call)
+                raise
         except DraftIncompatible as exc:
             # a draft restarted with another tokenizer: never speculate with it; say so, and keep checking
             log.error("%s", exc)
@@ -143,10 +168,11 @@ class DraftSession:
     (roll back to `synced`, append the tokens after it) and asks for the next block.
     """
 
-    def __init__(self, link: DraftLink, request_id: str, sampling: SamplingParams):
+    def __init__(self, link: DraftLink, request_id: str, sampling: SamplingParams, tenant: str = ""):
         self.link = link
         self.request_id = request_id
         self.sampling = sampling
+        self.tenant = tenant
         self.call = None  # the Propose stream, once opened
         self.synced = 0  # tokens[:synced] are known to be identical in the draft
 
@@ -156,11 +182,13 @@ class DraftSession:
             if not self.link.available():
                 return DraftBlock.empty(), "backoff"
             try:
-                self.call = await self.link.open(self.request_id, tokens, self.sampling)
+                self.call = await self.link.open(self.request_id, tokens, self.sampling, self.tenant)
             except DraftUnavailable as exc:
                 log.warning("request %s: decoding without the draft: %s", self.request_id, exc)
                 return DraftBlock.empty(), "unavailable"
             self.synced = len(tokens)
+        if self.link.max_k:
+            k = min(k, self.link.max_k)  # the draft refuses larger blocks (its --max-speculative-tokens)
         request = draft_pb2.ProposeRequest(next=draft_pb2.NextBlock(
             keep_length=self.synced, append_token_ids=tokens[self.synced:], num_tokens=k))
         call = self.call
@@ -214,24 +242,31 @@ class DraftSession:
 
     def cancel(self) -> None:
         if self.call is not None:
-            self.call.cancel()
+            _end(self.call)
             self.call = None
 
-    def close(self) -> None:
-        """Half-close the stream and drain it in the background, so the draft finishes the call cleanly
-        (and the call's client span ends now, not at shutdown)."""
+    def close(self, final_tokens: list[int] | None = None) -> None:
+        """End the stream. After a normal finish (final_tokens: the whole sequence), sync the draft to it
+        and half-close, so the draft finishes the call cleanly and may learn the output; after a cancel or
+        failure (None), cancel it, so the draft keeps nothing. Runs in the background."""
         if self.call is None:
             return
+        if final_tokens is None:
+            self.cancel()
+            return
         call, self.call = self.call, None
-        task = asyncio.get_running_loop().create_task(self._drain(call))
+        last = draft_pb2.ProposeRequest(next=draft_pb2.NextBlock(
+            keep_length=self.synced, append_token_ids=final_tokens[self.synced:], num_tokens=0))
+        task = asyncio.get_running_loop().create_task(self._drain(call, last))
         _DRAINING.add(task)
         task.add_done_callback(_DRAINING.discard)
 
     @staticmethod
-    async def _drain(call) -> None:
+    async def _drain(call, last: draft_pb2.ProposeRequest) -> None:
         try:
+            await asyncio.wait_for(call.write(last), 5.0)
             await asyncio.wait_for(call.done_writing(), 5.0)
             while await asyncio.wait_for(call.read(), 5.0) is not grpc.aio.EOF:
                 pass
         except (grpc.aio.AioRpcError, asyncio.TimeoutError, asyncio.InvalidStateError, RuntimeError):
-            call.cancel()
+            _end(call)

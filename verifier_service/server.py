@@ -87,7 +87,7 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServiceServicer):
         if self.draft is not None:
             # An engine that takes no q (vLLM's custom proposers) gets greedy drafts: one-hot q is then exact.
             sampling = spec.sampling if self.engine.takes_draft_probs else SamplingParams()
-            draft = self.draft.session(spec.request_id, sampling)
+            draft = self.draft.session(spec.request_id, sampling, spec.tenant)
         return RequestSpeculation(policy, draft, trace.get_current_span(), lambda: len(self.sequences.live))
 
     async def _end_reaped_call(self, context, request_id: str) -> None:

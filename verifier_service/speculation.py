@@ -124,7 +124,9 @@ class RequestSpeculation:
             event["fallback"] = round_.fallback
         self.span.add_event("round", event)
 
-    def close(self) -> None:
-        """End the draft stream, which frees the draft's copy of the sequence."""
+    def close(self, final_tokens: list[int] | None) -> None:
+        """End the draft stream, which frees the draft's copy of the sequence.
+
+        final_tokens: the whole finished sequence (prompt + output), or None after a cancel or failure."""
         if self.draft is not None:
-            self.draft.close()
+            self.draft.close(final_tokens)

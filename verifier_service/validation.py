@@ -27,6 +27,9 @@ def check_decode_request(request: verifier_pb2.DecodeRequest, vocab_size: int, m
     k = request.num_speculative_tokens if request.HasField("num_speculative_tokens") else None
     if k is not None and k > max_k:
         problems.append(f"num_speculative_tokens {k} exceeds the server's maximum of {max_k}")
+    problems += limits.text_problems(request.request_id, "request_id", limits.MAX_REQUEST_ID_LENGTH)
+    problems += limits.text_problems(request.tenant, "tenant", limits.MAX_TENANT_LENGTH)
     if problems:
         raise InvalidRequest("; ".join(problems))
-    return DecodeSpec(request.request_id[:128], prompt, sampling, request.max_tokens, list(request.stop), k)
+    return DecodeSpec(request.request_id, prompt, sampling, request.max_tokens, list(request.stop), k,
+                      request.tenant)

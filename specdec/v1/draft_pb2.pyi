@@ -16,16 +16,20 @@ class ProposeRequest(_message.Message):
     def __init__(self, start: _Optional[_Union[StartSequence, _Mapping]] = ..., next: _Optional[_Union[NextBlock, _Mapping]] = ...) -> None: ...
 
 class StartSequence(_message.Message):
-    __slots__ = ("request_id", "prompt_token_ids", "sampling", "return_probs")
+    __slots__ = ("request_id", "prompt_token_ids", "sampling", "return_probs", "tenant", "max_context")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     RETURN_PROBS_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    MAX_CONTEXT_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
     sampling: _common_pb2.SamplingParams
     return_probs: bool
-    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., return_probs: _Optional[bool] = ...) -> None: ...
+    tenant: str
+    max_context: int
+    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., return_probs: _Optional[bool] = ..., tenant: _Optional[str] = ..., max_context: _Optional[int] = ...) -> None: ...
 
 class NextBlock(_message.Message):
     __slots__ = ("keep_length", "append_token_ids", "num_tokens")
@@ -52,9 +56,11 @@ class GetDraftInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetDraftInfoResponse(_message.Message):
-    __slots__ = ("info", "method")
+    __slots__ = ("info", "method", "max_speculative_tokens")
     INFO_FIELD_NUMBER: _ClassVar[int]
     METHOD_FIELD_NUMBER: _ClassVar[int]
+    MAX_SPECULATIVE_TOKENS_FIELD_NUMBER: _ClassVar[int]
     info: _common_pb2.ModelInfo
     method: str
-    def __init__(self, info: _Optional[_Union[_common_pb2.ModelInfo, _Mapping]] = ..., method: _Optional[str] = ...) -> None: ...
+    max_speculative_tokens: int
+    def __init__(self, info: _Optional[_Union[_common_pb2.ModelInfo, _Mapping]] = ..., method: _Optional[str] = ..., max_speculative_tokens: _Optional[int] = ...) -> None: ...

@@ -26,8 +26,8 @@ if _version_not_supported:
 
 
 class DraftServiceStub:
-    """DraftService owns the proposers: a small causal LM with its own KV cache, or
-    n-gram prompt lookup. One bidirectional Propose stream carries one sequence
+    """DraftService owns the proposers: a small causal LM with its own KV cache,
+    n-gram prompt lookup, or suffix decoding over the prompt and earlier outputs. One bidirectional Propose stream carries one sequence
     for its whole life, so no round pays for call set-up.
     """
 
@@ -50,8 +50,8 @@ class DraftServiceStub:
 
 
 class DraftServiceServicer:
-    """DraftService owns the proposers: a small causal LM with its own KV cache, or
-    n-gram prompt lookup. One bidirectional Propose stream carries one sequence
+    """DraftService owns the proposers: a small causal LM with its own KV cache,
+    n-gram prompt lookup, or suffix decoding over the prompt and earlier outputs. One bidirectional Propose stream carries one sequence
     for its whole life, so no round pays for call set-up.
     """
 
@@ -92,8 +92,8 @@ def add_DraftServiceServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class DraftService:
-    """DraftService owns the proposers: a small causal LM with its own KV cache, or
-    n-gram prompt lookup. One bidirectional Propose stream carries one sequence
+    """DraftService owns the proposers: a small causal LM with its own KV cache,
+    n-gram prompt lookup, or suffix decoding over the prompt and earlier outputs. One bidirectional Propose stream carries one sequence
     for its whole life, so no round pays for call set-up.
     """
 

@@ -39,6 +39,7 @@ GPU_FILE = DEPLOY / "docker-compose.yml"
 CPU_FILE = DEPLOY / "docker-compose.cpu.yml"
 COMPOSE_FILES = [GPU_FILE, CPU_FILE]
 SERVICE_OF_MODULE = {"gateway": "gateway", "verifier_service": "verifier", "draft_service": "draft"}
+HTTP_PORT = 8000  # the gateway's OpenAI-compatible HTTP API (--http-port), beside gRPC 50051
 VALID_CONDITIONS = {"service_started", "service_healthy", "service_completed_successfully"}
 SPEC_DECODE_COUNTERS = [
     "spec_decode_num_drafts_total",
@@ -175,19 +176,23 @@ def compose_problems(data: dict, expect_gpu: bool) -> list[str]:
     if "SPECDEC_DRAFT" not in env_of(services.get("verifier") or {}):
         problems.append("verifier: SPECDEC_DRAFT is not set (the verifier pulls draft blocks)")
 
-    # What reaches the host: the gateway's API and the Jaeger UI by default;
-    # everything else only behind a profile.
-    allowed = {"gateway": {50051}, "jaeger": {16686}}
+    # What reaches the host: the gateway's APIs (gRPC and HTTP) and the Jaeger UI
+    # by default; everything else only behind a profile.
+    allowed = {"gateway": {50051, HTTP_PORT}, "jaeger": {16686}}
     for name, svc in services.items():
         ports = set(published_ports(svc))
         if svc.get("profiles"):
             continue
         extra = ports - allowed.get(name, set())
         if extra:
-            problems.append(f"{name}: publishes {sorted(extra)} to the host; only gateway 50051 and the Jaeger UI may")
-    for name, must in (("gateway", 50051), ("jaeger", 16686)):
+            problems.append(f"{name}: publishes {sorted(extra)} to the host; only gateway 50051 and {HTTP_PORT} "
+                            "and the Jaeger UI may")
+    for name, must in (("gateway", 50051), ("gateway", HTTP_PORT), ("jaeger", 16686)):
         if name in services and must not in published_ports(services[name]):
             problems.append(f"{name}: must publish port {must}")
+    http = env_of(services.get("gateway") or {}).get("SPECDEC_HTTP_PORT")
+    if http is None or int(resolve_default(http)) != HTTP_PORT:
+        problems.append(f"gateway: SPECDEC_HTTP_PORT must be {HTTP_PORT} (the published HTTP port), got {http!r}")
     jaeger = services.get("jaeger") or {}
     image = str(jaeger.get("image", ""))
     if not re.fullmatch(r"jaegertracing/jaeger:2\.\d+\.\d+", image):
@@ -304,6 +309,8 @@ def test_cpu_variant_differs_from_gpu_only_in_the_verifier_device():
             "service_completed_successfully",
         ),
         (lambda s: s["gateway"]["environment"].pop("OTEL_EXPORTER_OTLP_ENDPOINT"), "OTEL_EXPORTER_OTLP_ENDPOINT"),
+        (lambda s: s["gateway"]["environment"].__setitem__("SPECDEC_HTTP_PORT", "8080"), "SPECDEC_HTTP_PORT must be"),
+        (lambda s: s["gateway"]["ports"].pop(), "must publish port 8000"),
     ],
     ids=[
         "missing-depends-target",
@@ -314,6 +321,8 @@ def test_cpu_variant_differs_from_gpu_only_in_the_verifier_device():
         "leaked-port",
         "model-init-not-completed",
         "no-tracing",
+        "wrong-http-port",
+        "http-not-published",
     ],
 )
 def test_consistency_check_rejects_a_broken_copy(tmp_path, mutate, expected):

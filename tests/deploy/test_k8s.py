@@ -34,6 +34,7 @@ K8S = DEPLOY / "k8s"
 KUSTOMIZATIONS = {"base": K8S / "base", "mtls": K8S / "overlays" / "mtls"}
 K8S_VERSIONS = ["1.30.0", "1.37.0"]  # native gRPC probes are GA since 1.27
 COMPONENT_OF_MODULE = {"gateway": "gateway", "verifier_service": "verifier", "draft_service": "draft"}
+HTTP_PORT = 8000  # the gateway's OpenAI-compatible HTTP API (--http-port)
 
 
 def render(path) -> list[dict]:
@@ -160,6 +161,11 @@ def k8s_problems(docs: list[dict], tls: bool) -> list[str]:
         container_ports = {p.get("name"): p["containerPort"] for p in main.get("ports") or []}
         if container_ports.get("grpc") != port:
             problems.append(f"{dname}: containerPort 'grpc' {container_ports.get('grpc')} != SPECDEC_PORT {port}")
+        if dname == "gateway":
+            http = int(env_value(main, "SPECDEC_HTTP_PORT") or -1)
+            if http != HTTP_PORT or container_ports.get("http") != HTTP_PORT:
+                problems.append(f"gateway: SPECDEC_HTTP_PORT {http} and containerPort 'http' "
+                                f"{container_ports.get('http')} must both be {HTTP_PORT}")
         if not env_value(main, "OTEL_SERVICE_NAME"):
             problems.append(f"{dname}: OTEL_SERVICE_NAME not set")
         for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
@@ -175,6 +181,11 @@ def k8s_problems(docs: list[dict], tls: bool) -> list[str]:
                 text = " ".join(cmd)
                 if python_module_of(cmd) != "specdec.health_probe" or not re.search(rf"--addr[ =]\S*:{port}\b", text):
                     problems.append(f"{dname}: with TLS, {probe} must exec specdec.health_probe on port {port}")
+            elif dname == "gateway" and probe == "readinessProbe":
+                # ready means the verifier is usable: GET /health answers 503 otherwise
+                get = p.get("httpGet") or {}
+                if get.get("path") != "/health" or get.get("port") not in ("http", HTTP_PORT):
+                    problems.append(f"gateway: readinessProbe must GET /health on the http port, got {p}")
             elif (p.get("grpc") or {}).get("port") != port:
                 problems.append(f"{dname}: {probe} must be a native gRPC probe on port {port}, got {p}")
 
@@ -213,6 +224,11 @@ def k8s_problems(docs: list[dict], tls: bool) -> list[str]:
             tp = p.get("targetPort", p["port"])
             if isinstance(tp, str) and tp not in names:
                 problems.append(f"Service {sname}: targetPort {tp!r} is not a container port name")
+
+    gateway_service = services.get("gateway")
+    if gateway_service and not any(p.get("name") == "http" and p.get("targetPort") == "http" and p["port"] == HTTP_PORT
+                                   for p in gateway_service["spec"]["ports"]):
+        problems.append(f"Service gateway: no port 'http' {HTTP_PORT} -> targetPort 'http' (the HTTP API)")
 
     # Verifier: GPU, node selection, headless service for client-side balancing.
     ver = deployments.get("verifier")
@@ -323,6 +339,11 @@ def test_manifests_are_consistent(rendered, name):
         ("gateway.yaml", 'value: "verifier:50052"', 'value: "verifier:50053"', "SPECDEC_VERIFIER port 50053"),
         ("gateway.yaml", 'value: "verifier:50052"', 'value: "verifiers:50052"', "does not name the 'verifier'"),
         ("draft.yaml", "grpc: {port: 50053}", "grpc: {port: 50052}", "native gRPC probe on port 50053"),
+        ("gateway.yaml", "path: /health", "path: /healthz", "readinessProbe must GET /health"),
+        ("gateway.yaml", "    - {name: http, port: 8000, targetPort: http", "    - {name: web, port: 8000, targetPort: http",
+         "Service gateway: no port 'http'"),
+        ("gateway.yaml", '{name: SPECDEC_HTTP_PORT, value: "8000"}', '{name: SPECDEC_HTTP_PORT, value: "8080"}',
+         "SPECDEC_HTTP_PORT 8080"),
         ("verifier.yaml", "key: verifier.engine", "key: verifier.engin", "missing ConfigMap key"),
         ("gateway.yaml", "key: api-keys", "key: api-key", "missing Secret key"),
         ("verifier.yaml", "  clusterIP: None", "  type: ClusterIP", "must be headless"),
@@ -338,6 +359,9 @@ def test_manifests_are_consistent(rendered, name):
         "wrong-verifier-port",
         "wrong-verifier-host",
         "wrong-probe-port",
+        "wrong-health-path",
+        "http-not-in-service",
+        "wrong-http-port",
         "missing-configmap-key",
         "missing-secret-key",
         "not-headless",
@@ -358,8 +382,10 @@ def test_mtls_check_rejects_a_plaintext_probe(tmp_path):
     shutil.copytree(K8S, tmp_path / "k8s")
     patch = tmp_path / "k8s" / "overlays" / "mtls" / "patch-gateway.yaml"
     text = patch.read_text()
-    # keep the native gRPC readiness probe: it would fail against a TLS server
-    patch.write_text(text.replace("          readinessProbe:\n            grpc: null", "          readinessProbe:"))
+    # keep the base's plain HTTP readiness probe: it would fail against the mTLS HTTP port
+    old = "          readinessProbe:\n            httpGet: null"
+    assert old in text
+    patch.write_text(text.replace(old, "          readinessProbe:"))
     problems = k8s_problems(render(tmp_path / "k8s" / "overlays" / "mtls"), tls=True)
     assert any("readinessProbe must have exactly one handler" in p for p in problems), problems
 

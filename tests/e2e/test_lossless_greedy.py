@@ -42,6 +42,7 @@ def reference(tiny_pair):
 
 
 @pytest.mark.parametrize("k", [1, 4, 8])
+@pytest.mark.parametrize("stack", ["ngram", "model", "suffix"], indirect=True)  # suffix: its cache warms over k
 def test_greedy_output_is_token_identical_to_target_only_decoding(stack, reference, k):
     method, _services, gateway = stack
     mismatches, accepted = [], 0
@@ -54,3 +55,6 @@ def test_greedy_output_is_token_identical_to_target_only_decoding(stack, referen
     assert not mismatches, f"{method} k={k}: {len(mismatches)} prompts differ, first: {mismatches[0]}"
     if method == "model":
         assert accepted > 0, "the model draft should be accepted sometimes"
+    if method == "suffix" and k > 1:
+        # the same prompts ran at k=1 first: their outputs are in the suffix cache, so drafts must be accepted
+        assert accepted > len(PROMPTS), f"suffix k={k}: only {accepted} drafts accepted with a warm cache"

@@ -221,3 +221,54 @@ def test_the_whole_trace_arrives_while_the_services_run(traced):
     ids = {s.span_id for _svc, s in live}
     missing = [(svc, s.name) for svc, s in live if s.parent_span_id and s.parent_span_id not in ids]
     assert not missing, f"spans whose parent had not arrived while the services ran: {missing}"
+
+
+# ---------------------------------------------------------------- the HTTP front door
+
+HTTP_PROMPT = "HTTP tracing: def add(a, b):"
+
+
+@pytest.fixture(scope="module")
+def http_traced(receiver, tiny_pair, tmp_path_factory):
+    """One /v1/completions request through the real processes; (its usage, the spans of its trace)."""
+    import openai
+
+    target, draft = tiny_pair
+    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{receiver.port}", "OTEL_EXPORTER_OTLP_INSECURE": "true",
+           "OTEL_BSP_SCHEDULE_DELAY": "200"}
+    with running_stack(target, draft, method="model", env=env, verifier_args=["--draft-timeout-ms", "10000"],
+                       log_dir=tmp_path_factory.mktemp("logs")) as services:
+        base_url = f"http://127.0.0.1:{services['gateway'].http_port}/v1"
+        with openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0) as client:
+            model = client.models.list().data[0].id
+            completion = client.completions.create(model=model, prompt=HTTP_PROMPT, max_tokens=16, temperature=0,
+                                                   extra_body={"num_speculative_tokens": 3})
+        deadline = time.monotonic() + 15
+        while True:
+            spans = receiver.snapshot()
+            roots = [s for svc, s in spans if svc == GATEWAY and s.kind == SERVER and s.name == "POST /v1/completions"]
+            trace_spans = [(svc, s) for svc, s in spans if roots and s.trace_id == roots[0].trace_id]
+            if {svc for svc, s in trace_spans if s.kind == SERVER} >= {GATEWAY, VERIFIER, DRAFT}:
+                break
+            assert time.monotonic() < deadline, f"no complete HTTP trace: {sorted({(svc, s.name) for svc, s in spans})}"
+            time.sleep(0.1)
+        return completion.usage, wait_for_parents(receiver, roots[0].trace_id, timeout_s=3)
+
+
+def test_one_http_request_is_one_trace_through_all_three_services(http_traced):
+    usage, trace_spans = http_traced
+    by_id = {s.span_id: s for _svc, s in trace_spans}
+    http = server_span(trace_spans, GATEWAY, "POST /v1/completions")
+    assert [s for _svc, s in trace_spans if not s.parent_span_id] == [http]  # the HTTP span is the root
+    verifier = server_span(trace_spans, VERIFIER, "/specdec.v1.VerifierService/Decode")
+    assert ancestors(verifier, by_id)[-1] == http.span_id
+    for draft in server_spans(trace_spans, DRAFT, "/specdec.v1.DraftService/Propose"):
+        assert verifier.span_id in ancestors(draft, by_id) and ancestors(draft, by_id)[-1] == http.span_id
+    http_attributes = attributes(http.attributes)
+    assert http_attributes["specdec.completion_tokens"] == usage.completion_tokens
+    assert http_attributes["specdec.prompt_tokens"] == usage.prompt_tokens
+    assert http_attributes.get("http.route") == "/v1/completions"
+    assert "specdec.prompt" not in http_attributes
+    # the ASGI send/receive events stay out of the trace: one span per request at the gateway, plus its gRPC call
+    assert {s.name for svc, s in trace_spans if svc == GATEWAY} == {"POST /v1/completions",
+                                                                   "/specdec.v1.VerifierService/Decode"}

@@ -91,6 +91,10 @@ VERIFIER_BAD = [
     ("stop", D(prompt_token_ids=[5], max_tokens=4, stop=["a"] * 17)),
     ("stop", D(prompt_token_ids=[5], max_tokens=4, stop=[""])),
     ("num_speculative_tokens", D(prompt_token_ids=[5], max_tokens=4, num_speculative_tokens=17)),
+    # client strings that reach the logs: a newline would forge a log line
+    ("request_id", D(request_id="r\n2099-01-01 CRITICAL forged", prompt_token_ids=[5], max_tokens=4)),
+    ("request_id", D(request_id="r" * (limits.MAX_REQUEST_ID_LENGTH + 1), prompt_token_ids=[5], max_tokens=4)),
+    ("tenant", D(tenant="t\x1b[2J", prompt_token_ids=[5], max_tokens=4)),
 ]
 
 P = draft_pb2.ProposeRequest
@@ -117,6 +121,12 @@ DRAFT_BAD = [
     ("k over the maximum", [start(), nxt(3, [], 1000)], grpc.StatusCode.INVALID_ARGUMENT, "num_tokens"),
     ("past the context", [start(), nxt(3, [5] * CONTEXT)], grpc.StatusCode.OUT_OF_RANGE, "append_token_ids"),
     ("a second start", [start(), start()], grpc.StatusCode.INVALID_ARGUMENT, "after `start`"),
+    ("a newline in request_id", [P(start=draft_pb2.StartSequence(request_id="r\nCRITICAL forged",
+                                                                 prompt_token_ids=[5, 6, 7]))],
+     grpc.StatusCode.INVALID_ARGUMENT, "start.request_id"),
+    ("longer than the target's context", [P(start=draft_pb2.StartSequence(prompt_token_ids=[5] * 40,
+                                                                          max_context=32))],
+     grpc.StatusCode.INVALID_ARGUMENT, "start.max_context 32"),
 ]
 
 

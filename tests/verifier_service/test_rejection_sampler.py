@@ -155,13 +155,16 @@ def two_token_marginals(model, prompt, params):
 
 
 def speculative_two_tokens(target, draft, prompt, params, sampler, samples=ENGINE_SAMPLES):
-    """Histograms of the first two tokens produced by draft + verify rounds (k = 2)."""
+    """Histograms of the first two tokens produced by draft + verify rounds (k = 2).
+
+    draft: a draft model, or a proposer (anything with `start(prompt, sampling, return_probs)`)."""
     from draft_service.model_draft import ModelProposer
     from verifier_service import engine as engine_module
     from specdec.draft_block import DraftBlock
     from verifier_service.engine import TransformersEngine
 
-    engine, proposer = TransformersEngine(target), ModelProposer(draft)
+    engine = TransformersEngine(target)
+    proposer = draft if hasattr(draft, "start") else ModelProposer(draft)
     counts = torch.zeros(2, ENGINE_VOCAB)
     generator = make_generator(99)
     original = engine_module.rejection_sample
@@ -200,3 +203,23 @@ def test_speculation_with_a_sampler_that_skips_the_residual_is_caught(small_voca
     first, _ = two_token_marginals(target, prompt, params)
     counts = speculative_two_tokens(target, draft, prompt, params, wrong_rejection_sample)
     assert chi_square_p_value(counts[0], first) < 1e-6
+
+
+def test_tokens_sampled_through_a_suffix_draft_follow_the_target(small_vocab_pair):
+    """A suffix draft is deterministic (one-hot q): T=1.0 through it still gives the target's distribution."""
+    from draft_service.suffix import SuffixConfig, SuffixProposer
+
+    target, _draft = small_vocab_pair
+    proposer = SuffixProposer(SuffixConfig(suffix_scope="global"))
+    for output in ([3, 1, 5, 6, 7], [3, 1, 5, 6, 2], [3, 1, 5, 6, 7]):  # earlier outputs that went on after 3, 1
+        sequence = proposer.start([3, 1], SamplingParams(), return_probs=False)
+        sequence.update(2, output)
+        sequence.finish()
+        sequence.close()
+    probe = proposer.start([3, 1], SamplingParams(), return_probs=False)
+    assert probe.propose(2).token_ids == [5, 6], "the suffix cache should draft the cached continuation"
+    prompt, params = [3, 1], SETTINGS["T=1.0"]
+    first, second = two_token_marginals(target, prompt, params)
+    counts = speculative_two_tokens(target, proposer, prompt, params, rejection_sample)
+    assert chi_square_p_value(counts[0], first) > 1e-3
+    assert chi_square_p_value(counts[1], second) > 1e-3

@@ -70,3 +70,16 @@ def test_a_fully_accepted_block_grows_the_next_one():
     k = policy.block_size(1000, 1000)
     policy.observe(k, k, 0.07 + 0.025 * k)
     assert policy.block_size(1000, 1000) >= k + 2
+
+
+def test_a_short_block_is_not_read_as_rejected_tokens():
+    """Suffix and n-gram drafts return fewer tokens than asked when the evidence is short: k=8 asked,
+    2 drafted and both accepted is a fully accepted block, not 6 rejections."""
+    short = SpeculationPolicy(default_k=8, max_k=16, cost=cost_of(0.05, 0.002, acceptance=0.5))
+    rejected = SpeculationPolicy(default_k=8, max_k=16, cost=cost_of(0.05, 0.002, acceptance=0.5))
+    for _ in range(8):
+        assert short.block_size(100, 1000) > 2
+        short.observe(2, 2, 0.06)  # the block the draft returned: 2 tokens, both accepted
+        rejected.observe(8, 2, 0.07)  # 8 drafted, 2 accepted
+    assert short.alpha() > 0.9 > 0.5 > rejected.alpha()
+    assert short.streak == 2 and short.block_size(100, 1000) >= 4  # a fully accepted block grows the next

@@ -1,0 +1,187 @@
+"""Greedy speculation in-process, for the advisor: a replay over known continuations, and a real loop.
+
+Both take drafts through the product's proposer contract (`draft_service.proposer.DraftSequence`):
+the n-gram and suffix proposers are the draft service's own classes. Prompts run in order, and a
+proposer that learns from finished outputs (suffix) learns from the earlier prompts of the same
+pass: `Drafts.new_pass()` starts that state empty.
+
+- `replay`: the target's greedy continuation of each prompt is known. Each round asks the draft
+  for up to k tokens and accepts the longest prefix that matches the continuation, then the
+  target's own token. Greedy verification accepts exactly that, so this is the acceptance the
+  service sees at temperature 0, without running the target.
+- `speculative_greedy`: the same rounds with the target running, as the verifier's transformers
+  engine does them: one forward over the pending token and the block on a KV cache, rolled back
+  to what was accepted. k = 0 is plain decoding through the same loop (the baseline).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import time
+from typing import Callable
+
+from draft_service.proposer import DraftSequence
+from specdec.draft_block import DraftBlock
+
+OpenSequence = Callable[[list[int]], DraftSequence]  # prompt ids -> the draft's sequence
+
+
+@dataclasses.dataclass
+class Drafts:
+    """A proposer the advisor can try: `new_pass()` returns an opener with fresh learnt state."""
+
+    name: str
+    new_pass: Callable[[], OpenSequence]
+
+
+def ngram_drafts(min_n: int = 1, max_n: int = 4) -> Drafts:
+    from draft_service.ngram import NgramSequence
+
+    return Drafts("ngram", lambda: (lambda prompt_ids: NgramSequence(prompt_ids, min_n, max_n)))
+
+
+def suffix_drafts(config=None) -> Drafts:
+    """The draft service's suffix proposer, one global cache per pass (the service's default settings)."""
+    from draft_service.suffix import SuffixProposer
+    from specdec.sampling import SamplingParams
+
+    def new_pass() -> OpenSequence:
+        proposer = SuffixProposer(config)
+        return lambda prompt_ids: proposer.start(prompt_ids, SamplingParams(), False)
+
+    return Drafts("suffix", new_pass)
+
+
+class ModelSequence(DraftSequence):
+    """A draft model's greedy continuation, for replay: one `generate` of k_max tokens per distinct sequence.
+
+    `memo` (shared by every sequence of a Drafts) maps a token sequence to its continuation, so
+    replays at several k over the same target continuations run the draft once per position.
+    """
+
+    def __init__(self, prompt_ids: list[int], model, k_max: int, memo: dict):
+        self._model, self._k_max, self._memo = model, k_max, memo
+        super().__init__(prompt_ids)
+
+    def propose(self, k: int) -> DraftBlock:
+        import torch
+
+        key = tuple(self.tokens)
+        if key not in self._memo:
+            with torch.inference_mode():
+                out = self._model.generate(torch.tensor([self.tokens]), max_new_tokens=self._k_max, do_sample=False,
+                                           temperature=None, top_p=None, top_k=None, pad_token_id=0)
+            self._memo[key] = out[0, len(key):].tolist()
+        block = self._memo[key][:k]
+        self._extend(block)
+        return DraftBlock(block, None)
+
+    def _extend(self, token_ids: list[int]) -> None:
+        self.tokens.extend(token_ids)
+
+    def _truncate(self, length: int) -> None:
+        del self.tokens[length:]
+
+
+def model_drafts(model, k_max: int) -> Drafts:
+    memo: dict[tuple[int, ...], list[int]] = {}
+    return Drafts("model", lambda: (lambda prompt_ids: ModelSequence(prompt_ids, model, k_max, memo)))
+
+
+@dataclasses.dataclass
+class ReplayStats:
+    """What the rounds of a replay (or a run) did."""
+
+    tokens: int = 0  # emitted: accepted drafts + the target's own tokens
+    accepted: int = 0
+    rounds_by_block: collections.Counter = dataclasses.field(default_factory=collections.Counter)  # len -> rounds
+    draft_s: float = 0.0  # time in propose and update
+
+    @property
+    def rounds(self) -> int:
+        return sum(self.rounds_by_block.values())
+
+    @property
+    def drafts(self) -> int:
+        return self.rounds - self.rounds_by_block[0]
+
+    @property
+    def drafted(self) -> int:
+        return sum(k * n for k, n in self.rounds_by_block.items())
+
+
+def accept_greedy(block: list[int], target: list[int]) -> int:
+    """Drafted tokens greedy verification keeps: the longest common prefix of block and target."""
+    n = 0
+    while n < len(block) and n < len(target) and block[n] == target[n]:
+        n += 1
+    return n
+
+
+def replay(runs: list[tuple[list[int], list[int]]], k: int, open_sequence: OpenSequence) -> ReplayStats:
+    """Replay greedy speculation at block length k over (prompt ids, target continuation) pairs, in order."""
+    stats = ReplayStats()
+    for prompt_ids, continuation in runs:
+        started = time.perf_counter()
+        sequence = open_sequence(list(prompt_ids))
+        stats.draft_s += time.perf_counter() - started
+        pos, end = 0, len(continuation)
+        while pos < end:
+            started = time.perf_counter()
+            block = sequence.propose(min(k, end - pos - 1)).token_ids if end - pos > 1 and k > 0 else []
+            stats.draft_s += time.perf_counter() - started
+            matched = accept_greedy(block, continuation[pos:])
+            emitted = continuation[pos:pos + matched + 1]  # the accepted drafts and the target's own token
+            started = time.perf_counter()
+            sequence.update(len(prompt_ids) + pos + matched, emitted[matched:])
+            stats.draft_s += time.perf_counter() - started
+            stats.rounds_by_block[len(block)] += 1
+            stats.accepted += matched
+            stats.tokens += len(emitted)
+            pos += len(emitted)
+        sequence.finish()
+        sequence.close()
+    return stats
+
+
+def speculative_greedy(model, prompt_ids: list[int], max_new_tokens: int, k: int, sequence: DraftSequence | None,
+                       eos: set[int], stats: ReplayStats | None = None) -> list[int]:
+    """Greedy decoding in rounds of one forward over [pending, *block] with a KV cache; k = 0: plain decoding."""
+    import torch
+
+    from specdec.kv_cache import new_cache, rollback_cache
+
+    cache = new_cache(model)
+    generated: list[int] = []
+    done = False
+    with torch.inference_mode():
+        if len(prompt_ids) > 1:
+            model(input_ids=torch.tensor([prompt_ids[:-1]]), past_key_values=cache, use_cache=True)
+        pending = prompt_ids[-1]
+        while not done:
+            room = min(k, max_new_tokens - len(generated) - 1)
+            block = sequence.propose(room).token_ids if sequence is not None and room > 0 else []
+            committed = len(prompt_ids) + len(generated)  # the cache holds committed - 1 tokens (not `pending`)
+            logits = model(input_ids=torch.tensor([[pending, *block]]), past_key_values=cache,
+                           use_cache=True).logits[0]  # [len(block) + 1, vocab]
+            targets = logits.argmax(dim=-1).tolist()
+            matched = accept_greedy(block, targets)
+            emitted = block[:matched] + [targets[matched]]
+            rollback_cache(cache, committed + matched)
+            if sequence is not None:
+                sequence.update(committed + matched, emitted[matched:])
+            if stats is not None:
+                stats.rounds_by_block[len(block)] += 1
+                stats.accepted += matched
+                stats.tokens += len(emitted)
+            for token in emitted:
+                generated.append(token)
+                done = token in eos or len(generated) >= max_new_tokens
+                if done:
+                    break
+            pending = emitted[-1]
+    if sequence is not None:
+        sequence.finish()
+        sequence.close()
+    return generated

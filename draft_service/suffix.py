@@ -1,0 +1,164 @@
+"""Suffix decoding: propose the most frequent continuation of the longest match in this request or in past outputs.
+
+SuffixDecoding (Oliaro et al., arXiv 2411.04975; vLLM's `suffix` method, backed by Snowflake's
+arctic-inference). No model. Two kinds of suffix tree (`draft_service/suffix_cache.py`):
+- the request's own: its prompt and the tokens the target has verified so far;
+- the global cache: the outputs of finished requests, one tree per scope (`--suffix-scope`).
+Each proposal takes the better-scoring draft of the two (the request's own on a tie, as Arctic
+does). Its length adapts to the evidence: at most `max_spec_factor * match_len` tokens, and it
+stops where the continuation's estimated probability falls below `min_token_prob`, so a weak
+match drafts fewer tokens or none. The verifier's k is the maximum.
+
+What enters the global cache, and when: only at `finish()` (the verifier ended the stream
+normally), and only tokens the target verified (`tokens[prompt:verified]`). A cancelled or failed
+request (`close()` without `finish()`) adds nothing, at no cost; inserting as tokens were verified
+would have to undo them on close, and would break the cache's oldest-first order that lets
+eviction free memory without per-node bookkeeping. The price: a request's output helps other
+requests only once it finishes (its own tree has it at once).
+
+Proposed tokens are appended to `tokens` (the proposer contract) but indexed only once an update
+keeps them, so unverified tokens never enter any tree.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from draft_service.proposer import DraftSequence, Proposer, ProposerError
+from draft_service.suffix_cache import Insertion, SuffixCache, SuffixTree
+from specdec import metrics
+from specdec.config import option
+from specdec.draft_block import DraftBlock
+from specdec.sampling import SamplingParams
+
+SCOPES = ("global", "tenant")
+
+
+@dataclasses.dataclass(frozen=True)
+class SuffixConfig:
+    """Suffix decoding (--method suffix)"""
+
+    suffix_max_depth: int = option(24, "suffix tree depth: the longest match plus draft, in tokens (vLLM's default; "
+                                       "Arctic's is 64)")
+    suffix_max_cached_requests: int = option(10000, "finished outputs the global cache keeps, oldest evicted first "
+                                                    "(vLLM's default; 0 turns the global cache off)")
+    suffix_max_cached_tokens: int = option(200_000, "output tokens the global cache keeps, oldest evicted first "
+                                                    "(0 turns it off); about 0.25 KB of memory each")
+    suffix_scope: str = option("tenant", "share the global cache across all requests, or keep one per tenant "
+                                         "(a shared cache lets one tenant's speed reveal what others generated)",
+                               choices=list(SCOPES))
+    suffix_max_spec_factor: float = option(1.0, "draft at most this many tokens per matched token "
+                                                "(Arctic's and vLLM's default)")
+    suffix_max_spec_offset: float = option(0.0, "plus this many (Arctic's default)")
+    suffix_min_token_prob: float = option(0.1, "stop the draft where the continuation's estimated probability falls "
+                                               "below this (Arctic's and vLLM's default)")
+
+    def __post_init__(self):
+        problems = []
+        if self.suffix_max_depth < 2:
+            problems.append(f"--suffix-max-depth must be at least 2, got {self.suffix_max_depth}")
+        if self.suffix_max_cached_requests < 0:
+            problems.append(f"--suffix-max-cached-requests must be >= 0, got {self.suffix_max_cached_requests}")
+        if self.suffix_max_cached_tokens < 0:
+            problems.append(f"--suffix-max-cached-tokens must be >= 0, got {self.suffix_max_cached_tokens}")
+        if self.suffix_scope not in SCOPES:
+            problems.append(f"--suffix-scope must be one of {', '.join(SCOPES)}, got {self.suffix_scope!r}")
+        if not self.suffix_max_spec_factor > 0:
+            problems.append(f"--suffix-max-spec-factor must be > 0, got {self.suffix_max_spec_factor}")
+        if not 0.0 <= self.suffix_min_token_prob <= 1.0:
+            problems.append(f"--suffix-min-token-prob must be in [0, 1], got {self.suffix_min_token_prob}")
+        if problems:
+            raise ValueError("; ".join(problems))
+
+
+class SuffixSequence(DraftSequence):
+    def __init__(self, prompt_ids: list[int], proposer: SuffixProposer, scope: str):
+        self._config = proposer.config
+        self._cache = proposer.cache
+        self._scope = scope
+        self._tree = SuffixTree(self._config.suffix_max_depth)
+        self._track = None  # set on the first _extend, once `tokens` exists
+        self._finished = self._closed = False
+        super().__init__(prompt_ids)
+        self._prompt_length = len(self.tokens)
+
+    @property
+    def verified_length(self) -> int:
+        """tokens[:verified_length] are the prompt and what the target verified: all indexed."""
+        return self._track.length
+
+    def update(self, keep_length: int, append_token_ids: list[int]) -> None:
+        if self._closed:
+            raise ProposerError("the sequence is closed")
+        super().update(keep_length, append_token_ids)
+        self._track.index_to(len(self.tokens))  # a kept proposal is verified: index it too
+
+    def propose(self, k: int) -> DraftBlock:
+        if k <= 0 or self._closed:
+            return DraftBlock.empty()
+        config = self._config
+        context = self.tokens[-config.suffix_max_depth:]
+        args = (k, config.suffix_max_spec_factor, config.suffix_max_spec_offset, config.suffix_min_token_prob)
+        own = self._tree.speculate(context, *args)
+        cached = self._cache.speculate(self._scope, context, *args)
+        draft, source = (own, "request") if own.score >= cached.score else (cached, "cache")
+        metrics.SUFFIX_PROPOSALS.inc()
+        if draft.token_ids:
+            metrics.SUFFIX_PROPOSALS_MATCHED.labels(source=source).inc()
+        self.tokens.extend(draft.token_ids)  # unverified: indexed only if an update keeps them
+        return DraftBlock(list(draft.token_ids), None)
+
+    def finish(self) -> None:
+        """The stream ended normally: cache the verified output for later requests (once)."""
+        if self._finished or self._closed:
+            return
+        self._finished = True
+        output = self.tokens[self._prompt_length: self.verified_length]
+        record_insertion(self._cache, self._cache.insert(self._scope, output))
+
+    def close(self) -> None:
+        """Free the request's tree. Without finish() first, nothing of this request is cached."""
+        self._closed = True
+        self._tree = self._track = None  # drop the nodes now; a late propose returns nothing
+
+    def _extend(self, token_ids: list[int]) -> None:
+        self.tokens.extend(token_ids)
+        if self._track is None:
+            self._track = self._tree.track(self.tokens)
+        self._track.index_to(len(self.tokens))
+
+    def _truncate(self, length: int) -> None:
+        del self.tokens[length:]
+        if length < self._track.length:
+            # Only proposals are ever rolled back, and they are not indexed; a rollback into verified
+            # tokens (not something the verifier does) rebuilds the tree from what is left.
+            self._tree = SuffixTree(self._config.suffix_max_depth)
+            self._track = self._tree.track(self.tokens)
+            self._track.index_to(length)
+
+
+def record_insertion(cache: SuffixCache, insertion: Insertion) -> None:
+    if insertion.truncated:
+        metrics.SUFFIX_EVICTIONS.labels(reason="oversized").inc()
+    if insertion.evicted_for_requests:
+        metrics.SUFFIX_EVICTIONS.labels(reason="requests").inc(insertion.evicted_for_requests)
+    if insertion.evicted_for_tokens:
+        metrics.SUFFIX_EVICTIONS.labels(reason="tokens").inc(insertion.evicted_for_tokens)
+    metrics.SUFFIX_CACHED_REQUESTS.set(cache.cached_requests)
+    metrics.SUFFIX_CACHED_TOKENS.set(cache.cached_tokens)
+
+
+class SuffixProposer(Proposer):
+    method = "suffix"
+    inline = True  # a proposal costs tens of microseconds; all cache access stays on one thread
+
+    def __init__(self, config: SuffixConfig | None = None):
+        self.config = config or SuffixConfig()
+        self.cache = SuffixCache(self.config.suffix_max_depth, self.config.suffix_max_cached_requests,
+                                 self.config.suffix_max_cached_tokens)
+
+    def start(self, prompt_ids: list[int], sampling: SamplingParams, return_probs: bool,
+              tenant: str = "") -> SuffixSequence:
+        # Deterministic proposals: q is one-hot, whatever the sampling parameters.
+        scope = tenant if self.config.suffix_scope == "tenant" else ""
+        return SuffixSequence(prompt_ids, self, scope)

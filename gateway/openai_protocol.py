@@ -1,0 +1,296 @@
+"""OpenAI's request and response shapes, mapped onto the Gateway contract (gateway.proto).
+
+Pure functions and pydantic models, no I/O: a request body becomes a
+GenerateRequest (the same contract the gRPC door serves), and the generation's
+pieces become OpenAI's JSON, chat or text completion, whole or as stream chunks.
+
+Extra body fields follow vLLM: `top_k`, `return_token_ids`, and
+`num_speculative_tokens` (the draft block length k, 0 turns speculation off).
+Per-request speculation statistics go in `metrics.speculative_decoding`, with
+vLLM's names (vllm/entrypoints/generate/base/protocol.py SpeculativeDecodingMetrics).
+
+A field this server does not implement is refused with a 400 that names it,
+unless it carries the value that means "off" (n=1, logprobs=false, ...).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+import typing
+import uuid
+
+import grpc
+from pydantic import BaseModel, ConfigDict, Field
+
+from specdec.v1 import common_pb2, gateway_pb2
+
+UINT32_MAX = 2**32 - 1
+# OpenAI's documented default for /v1/completions; chat leaves it to the server (--default-max-tokens).
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16
+# Fields accepted only with a value that asks for nothing this server lacks; null always passes.
+NEUTRAL_VALUES: dict[str, tuple] = {
+    "n": (1,), "best_of": (1,), "echo": (False,), "logprobs": (False,), "top_logprobs": (0,),
+    "presence_penalty": (0,), "frequency_penalty": (0,), "repetition_penalty": (1,), "min_p": (0,),
+    "logit_bias": ({},), "tools": ([],), "tool_choice": ("none",), "parallel_tool_calls": (False,),
+    "response_format": ({"type": "text"},), "suffix": ("",), "min_tokens": (0,), "ignore_eos": (False,),
+    "stop_token_ids": ([],), "include_stop_str_in_output": (False,), "skip_special_tokens": (True,),
+    "store": (False,),
+}
+# Metadata that changes nothing about the output.
+IGNORED_FIELDS = {"user"}
+
+
+class OpenAIError(Exception):
+    """An error in OpenAI's error object; `param` names the request field when one is at fault."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": ERROR_TYPES.get(self.status, "server_error"),
+                          "param": self.param, "code": self.code}}
+
+
+ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "invalid_request_error",
+               429: "rate_limit_error", 499: "invalid_request_error"}
+# gRPC status from the generation core -> (HTTP status, OpenAI error code)
+HTTP_OF_GRPC = {
+    grpc.StatusCode.INVALID_ARGUMENT: (400, None),
+    grpc.StatusCode.FAILED_PRECONDITION: (400, None),
+    grpc.StatusCode.UNAUTHENTICATED: (401, "invalid_api_key"),
+    grpc.StatusCode.NOT_FOUND: (404, None),
+    grpc.StatusCode.RESOURCE_EXHAUSTED: (429, "capacity_exceeded"),
+    grpc.StatusCode.CANCELLED: (499, "cancelled"),
+    grpc.StatusCode.UNAVAILABLE: (503, "service_unavailable"),
+    grpc.StatusCode.DEADLINE_EXCEEDED: (504, "timeout"),
+}
+# Request fields that validation messages start with, as the OpenAI request names them.
+PARAM_OF_FIELD = {"prompt": "prompt", "prompt_token_ids": "prompt", "max_tokens": "max_tokens",
+                  "temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "seed": "seed", "stop": "stop",
+                  "num_speculative_tokens": "num_speculative_tokens"}
+
+
+def error_from_grpc(code: grpc.StatusCode, message: str, chat: bool) -> OpenAIError:
+    status, error_code = HTTP_OF_GRPC.get(code, (500, None))
+    param = None
+    if status == 400:
+        param = PARAM_OF_FIELD.get(message.split(" ", 1)[0])
+        if chat and param == "prompt":
+            param = "messages"
+    return OpenAIError(status, message, param, error_code)
+
+
+# ---------------------------------------------------------------- requests
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class StreamOptions(_Strict):
+    include_usage: bool = False
+
+
+class TextPart(_Strict):
+    type: typing.Literal["text"]
+    text: str
+
+
+class ChatMessage(_Strict):
+    role: typing.Literal["system", "developer", "user", "assistant"]
+    content: str | list[TextPart]
+
+    def text(self) -> str:
+        return self.content if isinstance(self.content, str) else "".join(part.text for part in self.content)
+
+
+class _Sampling(BaseModel):
+    """What both endpoints take. Unknown fields land in model_extra and are checked by unsupported()."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str | None = None
+    max_tokens: int | None = Field(None, ge=1, le=UINT32_MAX)
+    temperature: float | None = None
+    top_p: float | None = None
+    seed: int | None = Field(None, ge=0, le=2**64 - 1)
+    stop: str | list[str] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    # vLLM's extra body fields
+    top_k: int | None = None
+    num_speculative_tokens: int | None = Field(None, ge=0, le=UINT32_MAX)
+    return_token_ids: bool = False
+
+    def include_usage(self) -> bool:
+        return bool(self.stream and self.stream_options and self.stream_options.include_usage)
+
+
+class ChatCompletionRequest(_Sampling):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1, le=UINT32_MAX)
+
+
+class CompletionRequest(_Sampling):
+    prompt: str | list[str] | list[int] | list[list[int]]
+
+
+def unsupported(body: _Sampling) -> OpenAIError | None:
+    """The first field this server would have to ignore, as a 400 naming it; None when there is none."""
+    for name, value in (body.model_extra or {}).items():
+        if name in IGNORED_FIELDS or value is None:
+            continue
+        if name not in NEUTRAL_VALUES:
+            return OpenAIError(400, f"{name} is not supported by this server", name, "unsupported_parameter")
+        if not any(_same_value(value, neutral) for neutral in NEUTRAL_VALUES[name]):
+            allowed = " or ".join(repr(v) for v in NEUTRAL_VALUES[name])
+            return OpenAIError(400, f"{name}={value!r} is not supported by this server (only {allowed} or null)",
+                               name, "unsupported_parameter")
+    if body.stream_options is not None and not body.stream:
+        return OpenAIError(400, "stream_options is only allowed with stream=true", "stream_options")
+    return None
+
+
+def _same_value(value, neutral) -> bool:
+    """Equal, without letting true pass for 1 or 1.0 fail for 1."""
+    if isinstance(value, bool) or isinstance(neutral, bool):
+        return value is neutral
+    return value == neutral
+
+
+def max_tokens_of(body: _Sampling) -> int | None:
+    if isinstance(body, CompletionRequest):
+        return body.max_tokens if body.max_tokens is not None else COMPLETIONS_DEFAULT_MAX_TOKENS
+    chat = typing.cast(ChatCompletionRequest, body)
+    if chat.max_completion_tokens is not None and chat.max_tokens is not None \
+            and chat.max_completion_tokens != chat.max_tokens:
+        raise OpenAIError(400, f"max_tokens {chat.max_tokens} and max_completion_tokens {chat.max_completion_tokens} "
+                               "disagree; send one of them", "max_tokens")
+    return chat.max_completion_tokens if chat.max_completion_tokens is not None else chat.max_tokens
+
+
+def completion_prompt(body: CompletionRequest) -> str | list[int]:
+    """The one prompt: text or token ids. A batch of several prompts is refused."""
+    prompt = body.prompt
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
+        if len(prompt) != 1:
+            raise OpenAIError(400, f"prompt holds {len(prompt)} prompts; send one prompt per request", "prompt")
+        prompt = prompt[0]
+    return prompt
+
+
+def generate_request(body: _Sampling, prompt: str | list[int]) -> gateway_pb2.GenerateRequest:
+    """The Gateway contract's request for this body: the same checks and defaults as the gRPC door from here on."""
+    request = gateway_pb2.GenerateRequest(
+        temperature=1.0 if body.temperature is None else body.temperature,  # OpenAI's default
+        top_k=0 if body.top_k in (None, -1) else body.top_k,  # vLLM: -1 (or 0) keeps every token
+        stop=[body.stop] if isinstance(body.stop, str) else list(body.stop or []),
+        max_tokens=max_tokens_of(body) or 0)
+    if isinstance(prompt, str):
+        request.prompt = prompt
+    else:
+        request.prompt_token_ids.ids.extend(prompt)
+    if body.top_p is not None:
+        request.top_p = body.top_p
+    if body.seed is not None:
+        request.seed = body.seed
+    if body.num_speculative_tokens is not None:
+        request.num_speculative_tokens = body.num_speculative_tokens
+    return request
+
+
+# ---------------------------------------------------------------- responses
+
+
+def finish_reason(final) -> str:
+    return "length" if final.finish_reason == common_pb2.FINISH_REASON_LENGTH else "stop"
+
+
+def usage(final) -> dict:
+    prompt, completion = final.usage.prompt_tokens, final.usage.completion_tokens
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def speculative_decoding(stats: common_pb2.SpeculationStats, requested_k: int | None) -> dict:
+    """vLLM's per-request SpeculativeDecodingMetrics from our SpeculationStats, plus our own round counts.
+
+    acceptance_histogram[j]: drafted rounds that accepted exactly j draft tokens (the bonus token excluded);
+    derived from accepted_per_position, which counts rounds accepting at least i + 1.
+    """
+    per_position = list(stats.accepted_per_position)
+    num_spec_tokens = max(len(per_position), requested_k or 0)
+    at_least = [stats.num_drafts, *per_position] + [0] * (num_spec_tokens - len(per_position))
+    histogram = [at_least[j] - (at_least[j + 1] if j + 1 < len(at_least) else 0) for j in range(num_spec_tokens + 1)]
+    drafts, drafted, accepted = stats.num_drafts, stats.num_draft_tokens, stats.num_accepted_tokens
+    return {
+        "mean_acceptance_length": 1.0 + accepted / drafts if drafts else 1.0,
+        "draft_acceptance_rate": accepted / drafted if drafted else 0.0,
+        "acceptance_histogram": histogram,
+        "num_spec_steps": drafts,
+        "num_accepted_draft_tokens": accepted,
+        "num_draft_tokens": drafted,
+        "num_spec_tokens": num_spec_tokens,
+        # no vLLM counterpart
+        "accepted_per_position": per_position,
+        "num_rounds": stats.num_rounds,
+        "num_fallback_rounds": stats.num_fallback_rounds,
+    }
+
+
+@dataclasses.dataclass
+class Reply:
+    """Builds one request's response objects, chat or text completion, whole or as stream chunks."""
+
+    chat: bool
+    model: str
+    return_token_ids: bool = False
+    include_usage: bool = False
+    requested_k: int | None = None
+    id: str = dataclasses.field(default_factory=lambda: uuid.uuid4().hex)
+    created: int = dataclasses.field(default_factory=lambda: int(time.time()))
+
+    def __post_init__(self):
+        self.id = ("chatcmpl-" if self.chat else "cmpl-") + self.id
+
+    def _envelope(self, stream: bool, choices: list) -> dict:
+        kind = ("chat.completion.chunk" if stream else "chat.completion") if self.chat else "text_completion"
+        return {"id": self.id, "object": kind, "created": self.created, "model": self.model, "choices": choices}
+
+    def _metrics(self, final) -> dict:
+        return {"speculative_decoding": speculative_decoding(final.speculation, self.requested_k)}
+
+    def full(self, text: str, token_ids: list[int], final, prompt_ids: list[int]) -> dict:
+        choice = {"index": 0, "logprobs": None, "finish_reason": finish_reason(final)}
+        choice.update({"message": {"role": "assistant", "content": text}} if self.chat else {"text": text})
+        if self.return_token_ids:
+            choice["token_ids"] = list(token_ids)
+        response = self._envelope(False, [choice])
+        response.update(usage=usage(final), metrics=self._metrics(final))
+        if self.return_token_ids:
+            response["prompt_token_ids"] = list(prompt_ids)
+        return response
+
+    def chunk(self, text: str, token_ids: list[int], final=None, prompt_ids: list[int] | None = None) -> dict:
+        """One stream chunk; the first (prompt_ids given) also carries the role, the last the finish_reason."""
+        if self.chat:
+            delta = {"role": "assistant", "content": text} if prompt_ids is not None else {"content": text}
+            choice = {"index": 0, "delta": delta}
+        else:
+            choice = {"index": 0, "text": text}
+        choice.update(logprobs=None, finish_reason=finish_reason(final) if final is not None else None)
+        if self.return_token_ids:
+            choice["token_ids"] = list(token_ids)
+        chunk = self._envelope(True, [choice])
+        if self.return_token_ids and prompt_ids is not None:
+            chunk["prompt_token_ids"] = list(prompt_ids)
+        if self.include_usage:
+            chunk["usage"] = None
+        return chunk
+
+    def usage_chunk(self, final) -> dict:
+        """The last chunk when stream_options.include_usage: no choices, the usage and the statistics."""
+        chunk = self._envelope(True, [])
+        chunk.update(usage=usage(final), metrics=self._metrics(final))
+        return chunk

