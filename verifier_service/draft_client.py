@@ -36,15 +36,20 @@ REQUEST_ERRORS = frozenset({grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FA
 _DRAINING: set[asyncio.Task] = set()  # strong references to streams being closed
 
 
+def _in_background(coroutine) -> None:
+    """Run a stream's clean-up as a task, held strongly until it is done."""
+    task = asyncio.get_running_loop().create_task(coroutine)
+    _DRAINING.add(task)
+    task.add_done_callback(_DRAINING.discard)
+
+
 def _end(call) -> None:
     """Cancel a Propose call and release its request side. When the draft ended the call first, cancel() does
     nothing, and grpc.aio's proxy for call.write() (used when a channel has interceptors) would wait for a
     request forever; collected later, it logs "Task was destroyed but it is pending" and "aclose(): asynchronous
     generator is already running". Half-closing ends that proxy."""
     call.cancel()
-    task = asyncio.get_running_loop().create_task(_release_writes(call))
-    _DRAINING.add(task)
-    task.add_done_callback(_DRAINING.discard)
+    _in_background(_release_writes(call))
 
 
 async def _release_writes(call) -> None:
@@ -257,9 +262,7 @@ class DraftSession:
         call, self.call = self.call, None
         last = draft_pb2.ProposeRequest(next=draft_pb2.NextBlock(
             keep_length=self.synced, append_token_ids=final_tokens[self.synced:], num_tokens=0))
-        task = asyncio.get_running_loop().create_task(self._drain(call, last))
-        _DRAINING.add(task)
-        task.add_done_callback(_DRAINING.discard)
+        _in_background(self._drain(call, last))
 
     @staticmethod
     async def _drain(call, last: draft_pb2.ProposeRequest) -> None:

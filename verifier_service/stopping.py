@@ -29,6 +29,7 @@ class StopChecker:
         self.stop = list(stop)
         self.generated = 0
         self._detokenizer = IncrementalDetokenizer(tokenizer, list(prompt_ids)) if self.stop else None
+        self._searched = 0  # characters (released + held back) already searched for a stop string
 
     @property
     def remaining(self) -> int:
@@ -42,9 +43,11 @@ class StopChecker:
                 return Checked(kept, STOP)
             if self._detokenizer is not None:
                 # held-back text counts: a token can complete a stop string and start the next character
-                searched = len(self._detokenizer.text + self._detokenizer.pending)
+                searched = self._searched
                 self._detokenizer.push([token])
-                match = find_stop(self._detokenizer.text + self._detokenizer.pending, self.stop, searched)
+                text = self._detokenizer.text + self._detokenizer.pending
+                self._searched = len(text)
+                match = find_stop(text, self.stop, searched)
                 if match:
                     return Checked(kept, STOP, match[1])
             if self.generated >= self.max_tokens:
