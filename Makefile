@@ -64,6 +64,10 @@ bench: setup model  ## does speculation pay for my workload? writes bench/result
 bench-load: setup setup-vllm model  ## capacity under load through the OpenAI HTTP API (vllm bench serve): TTFT, ITL, tok/s per request rate, speculation off/fixed/adaptive, crossover plot in bench/results/load/
 	$(PY) -m bench.load --model $(MODEL_DIR)
 
+.PHONY: bench-pipeline
+bench-pipeline: setup model  ## pipelined vs serial drafting behind an injected round trip (0, 5, 20 ms): speedup, round time, hit rate in bench/results/pipeline/
+	$(PY) -m bench.pipeline --model $(MODEL_DIR)
+
 advise: setup model  ## which proposer and k pay for your prompts: make advise PROMPTS=my_prompts.txt
 	$(PY) -m bench.advise --target $(MODEL_DIR) --prompts $(or $(PROMPTS),bench/workloads/extraction.jsonl)
 

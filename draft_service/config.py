@@ -22,3 +22,6 @@ class DraftConfig(ModelConfig, SuffixConfig):
                                          "sequence freed, so idle streams cannot hold the slots (0: no limit)")
     max_speculative_tokens: int = option(32, "largest block a round may ask for")
     inject_delay_ms: float = option(0.0, "fault injection for tests: sleep this long before each block")
+    inject_ahead_fault: str = option("", "fault injection for tests: send every ahead block with wrong tokens "
+                                         "(wrong_tokens) or a wrong tag (wrong_tag), or flood 16 extra per round "
+                                         "(flood)", choices=["", "wrong_tokens", "wrong_tag", "flood"])

@@ -19,9 +19,10 @@ import time
 import grpc
 from opentelemetry import trace
 
+from draft_service.ahead import Block, DraftAhead
 from draft_service.config import DraftConfig
-from specdec.draft_block import DraftBlock
 from draft_service.proposer import DraftSequence, Proposer, ProposerError
+from specdec.draft_block import DraftBlock
 from specdec import limits, metrics
 from specdec.sampling import from_proto
 from specdec.v1 import common_pb2, draft_pb2, draft_pb2_grpc
@@ -66,11 +67,22 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
         key = id(sequence)
         self.live[key] = sequence
         metrics.LIVE_SEQUENCES.set(len(self.live))
+        ahead = DraftAhead(self.config.max_speculative_tokens) if start.pipeline else None
         try:
             while (request := await self._receive(requests, context, start.request_id)) is not None:
                 if request.WhichOneof("kind") != "next":
                     await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "after `start`, send only `next` messages")
-                yield await self._next_block(sequence, request.next, context, longest)
+                sync = request.next
+                await self._check_next(sequence, sync, context, longest, ahead)
+                if ahead is not None and ahead.sync(sync):
+                    # the block sent ahead answers this round: confirm it (the verifier needs nothing else)
+                    yield draft_pb2.ProposeResponse(round=sync.round, answered_ahead=True,
+                                                    sequence_length=len(sequence.tokens))
+                else:
+                    yield await self._answer(sequence, sync, context, longest, ahead)
+                if ahead is not None and sync.num_tokens:
+                    for message in await self._ahead(sequence, ahead, longest, context):
+                        yield message
             sequence.finish()  # the verifier half-closed the stream: the sequence ended normally
         finally:
             del self.live[key]
@@ -89,7 +101,9 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
                                 f"the draft dropped this stream: no message for {ttl_s:g} s (its --sequence-ttl-s); "
                                 "open a new stream")
 
-    async def _next_block(self, sequence: DraftSequence, block: draft_pb2.NextBlock, context, longest: int):
+    async def _check_next(self, sequence: DraftSequence, block: draft_pb2.NextBlock, context, longest: int,
+                          ahead: DraftAhead | None) -> None:
+        """A sync at the boundary: sizes, ids, positions and (pipelined) the round number, before any work."""
         if block.num_tokens > self.config.max_speculative_tokens:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                 f"num_tokens {block.num_tokens} exceeds --max-speculative-tokens "
@@ -98,32 +112,75 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
                                              "next.append_token_ids")
         if problems:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "; ".join(problems))
-        kept = min(block.keep_length, len(sequence.tokens))  # a keep_length past the sequence: update() says so
-        if kept + len(block.append_token_ids) + block.num_tokens > longest:
+        if block.keep_length > len(sequence.tokens):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"next.keep_length {block.keep_length} is past the draft's sequence of "
+                                f"{len(sequence.tokens)} tokens: sync from a position the draft has")
+        if block.keep_length + len(block.append_token_ids) + block.num_tokens > longest:
             await context.abort(grpc.StatusCode.OUT_OF_RANGE,
                                 f"next: keep_length {block.keep_length} + {len(block.append_token_ids)} "
                                 f"append_token_ids + num_tokens {block.num_tokens} exceeds the draft's limit of "
                                 f"{longest} tokens per sequence")
+        if ahead is not None and block.round != ahead.round + 1:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"next.round {block.round}: expected {ahead.round + 1} (with start.pipeline, "
+                                "rounds are numbered 1, 2, 3, ...)")
+
+    async def _answer(self, sequence: DraftSequence, block: draft_pb2.NextBlock, context, longest: int,
+                      ahead: DraftAhead | None) -> draft_pb2.ProposeResponse:
+        """Roll back, append, propose: the round's block. Pipelined, one token more is proposed than sent:
+        the draft's guess of the target's next token, which the block drafted ahead assumes."""
+        k = block.num_tokens
+        guess = 1 if ahead is not None and k and block.keep_length + len(block.append_token_ids) + k < longest else 0
+        proposal = await self._propose(sequence, block.keep_length, list(block.append_token_ids), k + guess if k else 0,
+                                       context, k)
+        if ahead is not None:
+            ahead.answered(Block(len(sequence.tokens) - len(proposal.token_ids), list(proposal.token_ids), k))
+        return self._response(proposal, k, block.round, len(sequence.tokens))
+
+    async def _ahead(self, sequence: DraftSequence, ahead: DraftAhead, longest: int,
+                     context) -> list[draft_pb2.ProposeResponse]:
+        """The block for the next round if the verifier accepts this one whole, drafted now and sent unasked."""
+        plan = ahead.next_ahead(longest)
+        if plan is None:
+            return []
+        keep, append, k = plan
+        proposal = await self._propose(sequence, keep, append, k + 1, context, k)
+        if not proposal.token_ids:
+            return []
+        ahead.sent(keep, append, Block(keep + len(append), list(proposal.token_ids), k))
+        message = self._response(proposal, k, ahead.round + 1, len(sequence.tokens))
+        message.ahead.keep_length, message.ahead.append_token_ids[:] = keep, append
+        return inject_ahead_fault(self.config.inject_ahead_fault, message, self.info.vocab_size)
+
+    async def _propose(self, sequence: DraftSequence, keep: int, append: list[int], n: int, context,
+                       k: int) -> DraftBlock:
         if self.config.inject_delay_ms:
             await asyncio.sleep(self.config.inject_delay_ms / 1000)
         started = time.perf_counter()
         try:
-            proposal = await self._run(self._step, sequence, block)
-        except ProposerError as exc:  # e.g. keep_length past the draft's sequence
+            proposal = await self._run(self._step, sequence, keep, append, n)
+        except ProposerError as exc:  # the proposer's own refusal
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"next: {exc}")
-        metrics.DRAFT_TOKENS_PROPOSED.inc(len(proposal.token_ids))
         trace.get_current_span().add_event("propose", {
-            "k": block.num_tokens, "proposed": len(proposal.token_ids),
+            "k": k, "proposed": min(k, len(proposal.token_ids)),
             "ms": round((time.perf_counter() - started) * 1000, 3)})
-        probs = b"" if proposal.probs is None else proposal.probs.numpy().astype("<f4", copy=False).tobytes()
-        return draft_pb2.ProposeResponse(
-            token_ids=proposal.token_ids, probs=probs, sequence_length=len(sequence.tokens)
-        )
+        return proposal
 
     @staticmethod
-    def _step(sequence: DraftSequence, block: draft_pb2.NextBlock):
-        sequence.update(block.keep_length, list(block.append_token_ids))
-        return sequence.propose(block.num_tokens) if block.num_tokens else DraftBlock.empty()
+    def _response(proposal: DraftBlock, k: int, round_: int, sequence_length: int) -> draft_pb2.ProposeResponse:
+        """The first k proposed tokens (and their q) as a message."""
+        tokens = proposal.token_ids[:k]
+        metrics.DRAFT_TOKENS_PROPOSED.inc(len(tokens))
+        probs = b"" if proposal.probs is None else \
+            proposal.probs[:k].numpy().astype("<f4", copy=False).tobytes()
+        return draft_pb2.ProposeResponse(token_ids=tokens, probs=probs, sequence_length=sequence_length,
+                                         round=round_)
+
+    @staticmethod
+    def _step(sequence: DraftSequence, keep_length: int, append: list[int], n: int) -> DraftBlock:
+        sequence.update(keep_length, append)
+        return sequence.propose(n) if n else DraftBlock.empty()
 
     async def _run(self, fn, *args):
         """Cheap proposers run on the event loop; model proposers on the compute thread."""
@@ -152,3 +209,17 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
         problems += limits.text_problems(start.tenant, "start.tenant", limits.MAX_TENANT_LENGTH)
         return "; ".join(problems) or None
 
+
+
+def inject_ahead_fault(fault: str, message: draft_pb2.ProposeResponse, vocab_size: int) -> list:
+    """Test-only faults (--inject-ahead-fault): every ahead block wrong, mis-tagged, or flooded."""
+    if fault == "wrong_tokens":
+        message.token_ids[:] = [(t + 1) % vocab_size for t in message.token_ids]
+    elif fault == "wrong_tag":
+        message.ahead.keep_length += 1
+    elif fault == "flood":
+        extra = draft_pb2.ProposeResponse()
+        extra.CopyFrom(message)
+        extra.ahead.keep_length += 1
+        return [message] + [extra] * 16
+    return [message]

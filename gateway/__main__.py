@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import sys
 
+import grpc
 from grpc_health.v1 import health_pb2_grpc
 
 from gateway.auth import ApiKeyInterceptor, parse_keys
@@ -15,8 +17,10 @@ from gateway.http_server import RunningHttp, start_http
 from gateway.openai_api import ServedModel, create_app
 from gateway.server import GatewayServicer
 from gateway.validation import ModelLimits
+from gateway.verifier_watch import GATEWAY_ADVICE, VerifierWatch
 from specdec import config as specdec_config
 from specdec import grpc_server, models
+from specdec.interceptors import RequestSizeLimit
 from specdec.service_main import run_main, serve_until_signal
 from specdec.v1 import draft_pb2, draft_pb2_grpc, gateway_pb2, gateway_pb2_grpc, verifier_pb2, verifier_pb2_grpc
 
@@ -30,18 +34,18 @@ class PeerError(RuntimeError):
 
 async def check_peers(cfg: GatewayConfig, channel, server_cfg, tokenizer_info):
     """Ask the verifier (and the draft) who they are; refuse tokenizers that differ."""
-    import grpc
-
     stub = verifier_pb2_grpc.VerifierServiceStub(channel)
     try:
         reply = await stub.GetModelInfo(verifier_pb2.GetModelInfoRequest(), timeout=cfg.peer_wait_s,
                                         wait_for_ready=True)
     except grpc.aio.AioRpcError as exc:
+        if exc.code() == grpc.StatusCode.UNAUTHENTICATED:
+            raise PeerError(f"the verifier at {cfg.verifier} refused the gateway: {exc.details()}") from exc
         raise PeerError(f"the verifier at {cfg.verifier} did not answer within {cfg.peer_wait_s:.0f} s "
                         f"({exc.code().name}); start it first or fix --verifier") from exc
     target = reply.info
     problem = models.tokenizer_mismatch(target, tokenizer_info, role="the gateway's --model",
-                                        target_role="the verifier")
+                                        target_role="the verifier", advice=GATEWAY_ADVICE)
     if problem:
         raise PeerError(problem)
     if cfg.draft:
@@ -62,6 +66,12 @@ async def check_peers(cfg: GatewayConfig, channel, server_cfg, tokenizer_info):
     return target
 
 
+def request_size_limit(model_limits: ModelLimits) -> RequestSizeLimit:
+    return RequestSizeLimit(model_limits.request_bytes,
+                            f"{model_limits.prompt_limit_words()} and this model's longest token is "
+                            f"{model_limits.max_token_bytes} bytes:")
+
+
 class FrontDoors:
     """The gRPC server and the HTTP API as one running server: stopping it drains both at once."""
 
@@ -76,15 +86,17 @@ async def serve(server_cfg: specdec_config.ServerConfig, cfg: GatewayConfig) -> 
     if not cfg.model:
         raise models.ModelLoadError("--model is required: the target model's directory (for its tokenizer)")
     tokenizer = models.load_tokenizer(cfg.model)
+    tokenizer_info = models.describe(cfg.model, tokenizer)
     channel = grpc_server.open_channel(cfg.verifier, server_cfg)
-    target = await check_peers(cfg, channel, server_cfg, models.describe(cfg.model, tokenizer))
-    max_context = target.max_context if not cfg.max_prompt_tokens else min(target.max_context, cfg.max_prompt_tokens)
-    generation = Generation(tokenizer, verifier_pb2_grpc.VerifierServiceStub(channel),
-                            ModelLimits(target.vocab_size, max_context), cfg)
+    target = await check_peers(cfg, channel, server_cfg, tokenizer_info)
+    token_chars, token_bytes = models.longest_token(tokenizer)
+    model_limits = ModelLimits(target.vocab_size, target.max_context, cfg.max_prompt_tokens, token_chars, token_bytes)
+    generation = Generation(tokenizer, verifier_pb2_grpc.VerifierServiceStub(channel), model_limits, cfg,
+                            tokenizer_info.tokenizer_fingerprint)
     keys = parse_keys(cfg.api_keys)
     http = None
     if cfg.http_port >= 0:
-        app = create_app(generation, ServedModel(cfg.served_model_name or cfg.model, max_context), keys,
+        app = create_app(generation, ServedModel(cfg.served_model_name or cfg.model, target.max_context), keys,
                          health_pb2_grpc.HealthStub(channel))
         http = await start_http(app, server_cfg, cfg.http_port)
         log.info("OpenAI-compatible HTTP API on port %d (%s)", http.port,
@@ -94,9 +106,24 @@ async def serve(server_cfg: specdec_config.ServerConfig, cfg: GatewayConfig) -> 
         lambda server: gateway_pb2_grpc.add_GatewayServicer_to_server(GatewayServicer(generation), server),
         [gateway_pb2.DESCRIPTOR.services_by_name["Gateway"].full_name],
         interceptors=[ApiKeyInterceptor(keys)] if keys else [],
+        request_size=request_size_limit(model_limits),
     )
-    await serve_until_signal(FrontDoors(running, http), server_cfg,
-                             f"gateway (verifier {cfg.verifier}, auth {'on' if keys else 'off'})")
+
+
+    async def verifier_changed(problem: str | None, info) -> None:
+        generation.verifier_problem = problem
+        if info is not None:  # the same tokenizer; a new verifier may still have another context
+            generation.limits = dataclasses.replace(generation.limits, vocab_size=info.vocab_size,
+                                                    max_context=info.max_context)
+        await running.set_serving(problem is None)
+
+    watch = asyncio.create_task(
+        VerifierWatch(channel, cfg.verifier, tokenizer_info, cfg.peer_check_s, verifier_changed).run())
+    try:
+        await serve_until_signal(FrontDoors(running, http), server_cfg,
+                                 f"gateway (verifier {cfg.verifier}, auth {'on' if keys else 'off'})")
+    finally:
+        watch.cancel()
     await channel.close()
 
 

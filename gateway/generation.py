@@ -25,7 +25,7 @@ from gateway.auth import tenant_of
 from gateway.config import GatewayConfig
 from gateway.streaming import TextAssembler
 from gateway.validation import InvalidRequest, ModelLimits, check_generate_request
-from specdec import limits, metrics
+from specdec import metrics
 from specdec.v1 import common_pb2, gateway_pb2, verifier_pb2, verifier_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -57,16 +57,20 @@ class Generation:
     """The gateway's one path from a GenerateRequest to text, shared by every front door."""
 
     def __init__(self, tokenizer, verifier: verifier_pb2_grpc.VerifierServiceStub, limits_: ModelLimits,
-                 config: GatewayConfig):
+                 config: GatewayConfig, tokenizer_fingerprint: str = ""):
         self.tokenizer = tokenizer
         self.verifier = verifier
         self.limits = limits_
         self.config = config
+        self.tokenizer_fingerprint = tokenizer_fingerprint  # sent with every Decode: the verifier checks it
+        self.verifier_problem: str | None = None  # set while the verifier is unusable (gateway.verifier_watch)
 
     async def prepare(self, request: gateway_pb2.GenerateRequest, api_key: str = "") -> verifier_pb2.DecodeRequest:
         """Tokenize (off the event loop) and check; raise GenerationError(INVALID_ARGUMENT) naming the field.
 
         api_key: the key the caller presented; with --api-keys on, it names the request's tenant."""
+        if self.verifier_problem:
+            raise GenerationError(grpc.StatusCode.UNAVAILABLE, self.verifier_problem)
         prompt_ids = await self.prompt_ids(request)
         try:
             decode = check_generate_request(request, prompt_ids, self.limits, self.config.default_max_tokens,
@@ -74,6 +78,7 @@ class Generation:
         except InvalidRequest as exc:
             raise GenerationError(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from exc
         decode.request_id = uuid.uuid4().hex[:16]
+        decode.tokenizer_fingerprint = self.tokenizer_fingerprint
         if self.config.api_keys:  # an authenticated key: its tenant (with auth off, every request shares one)
             decode.tenant = tenant_of(api_key)
         span = trace.get_current_span()
@@ -84,11 +89,12 @@ class Generation:
         return decode
 
     async def prompt_ids(self, request: gateway_pb2.GenerateRequest) -> list[int]:
+        """The prompt's token ids; a prompt that cannot fit is refused first, by its length alone."""
+        too_long = self.limits.prompt_size_problem(request)
+        if too_long:
+            raise GenerationError(grpc.StatusCode.INVALID_ARGUMENT, too_long)
         if request.WhichOneof("input") == "prompt_token_ids":
             return list(request.prompt_token_ids.ids)
-        if len(request.prompt) > limits.MAX_PROMPT_CHARS:
-            raise GenerationError(grpc.StatusCode.INVALID_ARGUMENT,
-                                  f"prompt has {len(request.prompt)} characters; at most {limits.MAX_PROMPT_CHARS}")
         if not request.prompt:
             return []
         return await asyncio.get_running_loop().run_in_executor(

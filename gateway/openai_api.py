@@ -3,7 +3,7 @@
     POST /v1/chat/completions   the chat template comes from the tokenizer
     POST /v1/completions        one prompt: text or token ids
     GET  /v1/models             the one served model
-    GET  /health                200 while the verifier serves, 503 otherwise (open, for probes)
+    GET  /health                200 while the verifier serves and is usable, 503 otherwise (open, for probes)
 
 Streams are server-sent events (sse-starlette) ending in `data: [DONE]`. A
 client that disconnects cancels its generation, which cancels the verifier's
@@ -32,6 +32,7 @@ from sse_starlette import EventSourceResponse
 from starlette.exceptions import HTTPException
 
 from gateway.auth import presented_key
+from gateway.body_limit import JSON_BYTES_PER_CHAR, OVERHEAD_BYTES, BodyLimit
 from gateway.generation import Generation, GenerationError, Piece
 from gateway.openai_protocol import (
     ChatCompletionRequest,
@@ -56,6 +57,10 @@ class ServedModel(typing.NamedTuple):
 def create_app(generation: Generation, model: ServedModel, api_keys: list[str],
                verifier_health: health_pb2_grpc.HealthStub) -> FastAPI:
     app = FastAPI(title="specdec gateway: OpenAI-compatible API", docs_url=None, redoc_url=None)
+    limits_ = generation.limits
+    app.add_middleware(BodyLimit, max_bytes=limits_.prompt_chars * JSON_BYTES_PER_CHAR + OVERHEAD_BYTES,
+                       why=f"{limits_.prompt_limit_words()} and a token is at most {limits_.max_token_chars} "
+                           "characters:")
     started = int(time.time())
     keys = [key.encode() for key in api_keys]
 
@@ -81,6 +86,8 @@ def create_app(generation: Generation, model: ServedModel, api_keys: list[str],
 
     @app.get("/health")
     async def health():
+        if generation.verifier_problem:
+            raise OpenAIError(503, generation.verifier_problem, code="service_unavailable")
         try:
             reply = await verifier_health.Check(health_pb2.HealthCheckRequest(), timeout=HEALTH_TIMEOUT_S)
             serving = reply.status == health_pb2.HealthCheckResponse.SERVING

@@ -54,6 +54,7 @@ class OpenAIError(Exception):
 
 
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "invalid_request_error",
+               413: "invalid_request_error",
                429: "rate_limit_error", 499: "invalid_request_error"}
 # gRPC status from the generation core -> (HTTP status, OpenAI error code)
 HTTP_OF_GRPC = {

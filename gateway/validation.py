@@ -14,8 +14,46 @@ class InvalidRequest(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class ModelLimits:
+    """What one request can use: the model's context, the gateway's cap on prompts, and how much text a token
+    can stand for, which bounds a prompt's characters and a request's bytes before anything is tokenized."""
+
     vocab_size: int
     max_context: int
+    max_prompt_tokens: int = 0  # --max-prompt-tokens (0: the context)
+    max_token_chars: int = 64  # the longest token's text, in characters and in UTF-8 bytes
+    max_token_bytes: int = 256
+
+    @property
+    def prompt_tokens(self) -> int:
+        """The longest prompt accepted, in tokens."""
+        return min(self.max_context, self.max_prompt_tokens) if self.max_prompt_tokens else self.max_context
+
+    @property
+    def prompt_chars(self) -> int:
+        """No prompt longer than this, in characters, can tokenize to prompt_tokens or fewer."""
+        return min(limits.MAX_PROMPT_CHARS, self.prompt_tokens * self.max_token_chars)
+
+    @property
+    def request_bytes(self) -> int:
+        """No request message larger than this can hold a prompt that fits."""
+        per_token = max(self.max_token_bytes, limits.TOKEN_ID_BYTES)
+        return min(self.prompt_chars * 4, self.prompt_tokens * per_token) + limits.REQUEST_OVERHEAD_BYTES
+
+    def prompt_size_problem(self, request: gateway_pb2.GenerateRequest) -> str | None:
+        """The cheap check, before tokenizing or copying ids: a prompt too long to fit, in words."""
+        if request.WhichOneof("input") == "prompt_token_ids":
+            count = len(request.prompt_token_ids.ids)
+            if count > self.prompt_tokens:
+                return f"prompt_token_ids has {count} ids; {self.prompt_limit_words()}"
+        elif len(request.prompt) > self.prompt_chars:
+            return (f"prompt has {len(request.prompt)} characters, more than any prompt of at most "
+                    f"{self.prompt_tokens} tokens can have ({self.prompt_chars}); {self.prompt_limit_words()}")
+        return None
+
+    def prompt_limit_words(self) -> str:
+        if self.prompt_tokens < self.max_context:
+            return f"prompts may have at most {self.prompt_tokens} tokens (--max-prompt-tokens)"
+        return f"the model's context is {self.max_context} tokens"
 
 
 def sampling_params(request: gateway_pb2.GenerateRequest) -> sampling.SamplingParams:
@@ -41,7 +79,9 @@ def check_generate_request(request: gateway_pb2.GenerateRequest, prompt_ids: lis
     params = sampling_params(request)
     problems += params.problems()
     max_tokens = request.max_tokens or default_max_tokens
-    if prompt_ids and len(prompt_ids) + max_tokens > limits_.max_context:
+    if prompt_ids and len(prompt_ids) > limits_.prompt_tokens:
+        problems.append(f"{field} has {len(prompt_ids)} tokens; {limits_.prompt_limit_words()}")
+    elif prompt_ids and len(prompt_ids) + max_tokens > limits_.max_context:
         problems.append(f"max_tokens {max_tokens} plus {len(prompt_ids)} prompt tokens exceeds the model's "
                         f"context of {limits_.max_context} tokens")
     problems += limits.stop_problems(list(request.stop), "stop")

@@ -14,6 +14,7 @@ import torch
 class DraftBlock:
     token_ids: list[int]  # [k'] proposed tokens, k' <= the k asked for (a proposer may find fewer, or none)
     probs: torch.Tensor | None = None  # [k', V] the draft distribution q; None means one-hot (deterministic)
+    ahead: bool = False  # drafted ahead, while the previous round was verified (pipelined drafting)
 
     @classmethod
     def empty(cls) -> DraftBlock:

@@ -7,13 +7,15 @@ Server side, outermost first (see `specdec.grpc_server.start_server`):
   context") and the handler's clean-up races the event loop ("Task was destroyed but it is pending").
 - `RequireInternalToken`: calls to the internal services (verifier, draft) need the shared token.
 - `ParseRequests`: a message that does not parse (say, invalid UTF-8 in a string field) is answered
-  INVALID_ARGUMENT with the parser's reason, instead of UNKNOWN and an ERROR traceback.
+  INVALID_ARGUMENT with the parser's reason, instead of UNKNOWN and an ERROR traceback; so is one larger
+  than any request the service can serve (`RequestSizeLimit`), before it is parsed.
 Client side: `internal_token_interceptors` attach the token to every call of a channel.
 """
 
 from __future__ import annotations
 
 import contextvars
+import dataclasses
 import hmac
 import typing
 
@@ -95,11 +97,22 @@ class Undecodable:
         self.reason = reason
 
 
-def _tolerant(deserializer):
+@dataclasses.dataclass(frozen=True)
+class RequestSizeLimit:
+    """Messages larger than `max_bytes` are refused unread; `why` says what bounds them, for the client."""
+
+    max_bytes: int = 0  # 0: no limit but gRPC's own (--max-message-mb)
+    why: str = ""
+
+
+def _tolerant(deserializer, size: RequestSizeLimit):
     if deserializer is None:
         return None
 
     def parse(data: bytes):
+        if size.max_bytes and len(data) > size.max_bytes:
+            return Undecodable(f"the request is {len(data):,} bytes, refused unread: {size.why} no request whose "
+                               f"prompt fits is larger than {size.max_bytes:,} bytes; shorten the prompt")
         try:
             return deserializer(data)
         except DecodeError as exc:
@@ -133,14 +146,18 @@ async def _refused_stream(context, reason: str):
 
 class ParseRequests(grpc.aio.ServerInterceptor):
     """Innermost: parse requests without raising, refuse the ones that did not parse, and register the
-    servicer's response stream with `CloseStreams`."""
+    servicer's response stream with `CloseStreams`. A message over the size limit is refused before parsing:
+    a request that cannot fit costs the server a length comparison, not a parse and a copy."""
+
+    def __init__(self, size: RequestSizeLimit | None = None):
+        self.size = size or RequestSizeLimit()
 
     async def intercept_service(self, continuation, handler_call_details):
         handler = await continuation(handler_call_details)
         if handler is None:
             return None
         servicer = _behavior(handler)
-        parse = _tolerant(handler.request_deserializer)
+        parse = _tolerant(handler.request_deserializer, self.size)
         if handler.response_streaming:
             def stream(request, context):
                 if handler.request_streaming:

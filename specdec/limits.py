@@ -12,6 +12,9 @@ MAX_REQUEST_ID_LENGTH = 128
 # A draft keeps at most this many tokens per sequence when neither the caller (StartSequence.max_context: the
 # target's context) nor its own model sets a limit (n-gram, suffix).
 MAX_DRAFT_SEQUENCE_TOKENS = 1 << 17
+# What a request carries besides its prompt, at most: stop strings (UTF-8), sampling fields, ids, framing.
+REQUEST_OVERHEAD_BYTES = MAX_STOP_STRINGS * (MAX_STOP_LENGTH * 4 + 8) + 64 * 1024
+TOKEN_ID_BYTES = 5  # the longest varint of an int32 id
 # Characters that break a log line or fake a new one: C0 and C1 controls (newline, CR, ESC...), U+2028, U+2029.
 CONTROL_CHARACTERS = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 

@@ -20,6 +20,11 @@ ACCEPTED_PER_POS = Counter(
 )
 DRAFT_TOKENS_PROPOSED = Counter("specdec_draft_tokens_proposed", "Tokens the draft service proposed")
 FALLBACK_ROUNDS = Counter("specdec_fallback_rounds", "Rounds decoded without speculation", ["reason"])
+# Pipelined drafting. Verifier: blocks the draft sent ahead, used (no round trip) or discarded. Draft: sent, and
+# whether the verifier's next sync was the one assumed (hit) or not (miss).
+AHEAD_BLOCKS = Counter("specdec_ahead_blocks", "Blocks the draft sent ahead, by what the verifier did with them",
+                       ["outcome"])
+DRAFT_AHEAD = Counter("specdec_draft_ahead", "Blocks this draft sent ahead, and their outcomes", ["outcome"])
 REQUESTS = Counter("specdec_requests", "Finished requests", ["finish_reason"])
 GENERATED_TOKENS = Counter("specdec_generated_tokens", "Tokens generated")
 LIVE_SEQUENCES = Gauge("specdec_live_sequences", "Sequences holding state (KV cache) in this process")

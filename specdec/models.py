@@ -104,8 +104,20 @@ def describe(name: str, tokenizer, model=None) -> common_pb2.ModelInfo:
     )
 
 
+def longest_token(tokenizer) -> tuple[int, int]:
+    """The most text one token stands for: (characters, UTF-8 bytes), over the whole vocabulary.
+
+    A prompt of n tokens has at most n times this much text, which lets a front door refuse a prompt that
+    cannot fit before it pays for tokenizing it."""
+    texts = tokenizer.batch_decode([[i] for i in range(len(tokenizer))])
+    return max(map(len, texts), default=1), max((len(t.encode("utf-8", "replace")) for t in texts), default=1)
+
+
+DRAFT_ADVICE = "Speculative decoding needs one tokenizer: pick a draft from the target's model family."
+
+
 def tokenizer_mismatch(target: common_pb2.ModelInfo, draft: common_pb2.ModelInfo, role: str = "the draft",
-                       target_role: str = "the target") -> str | None:
+                       target_role: str = "the target", advice: str = DRAFT_ADVICE) -> str | None:
     """None when `role` (the draft, by default) may pair with the target, else what differs, in words."""
     if target.tokenizer_fingerprint == draft.tokenizer_fingerprint:
         return None
@@ -119,7 +131,7 @@ def tokenizer_mismatch(target: common_pb2.ModelInfo, draft: common_pb2.ModelInfo
     return (
         f"{role} ({draft.model}) does not share {target_role}'s tokenizer ({target.model}): "
         + "; ".join(differences)
-        + ". Speculative decoding needs one tokenizer: pick a draft from the target's model family."
+        + ". " + advice
     )
 
 

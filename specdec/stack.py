@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 import time
+import typing
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
 # What the services run with unless the caller's environment says otherwise: the configuration the benchmark
@@ -40,7 +41,8 @@ def wait_serving(address: str, timeout_s: float = 60.0, process: subprocess.Pope
     try:
         while time.monotonic() < deadline:
             if process is not None and process.poll() is not None:
-                raise RuntimeError(f"{process.args[2]} exited with {process.returncode} before serving")
+                raise RuntimeError(f"{' '.join(map(str, process.args[:3]))} exited with {process.returncode} "
+                                   "before serving")
             try:
                 reply = stub.Check(health_pb2.HealthCheckRequest(), timeout=1.0)
                 if reply.status == health_pb2.HealthCheckResponse.SERVING:
@@ -57,7 +59,8 @@ class Service:
     """One service as a real child process on a free port."""
 
     def __init__(self, module: str, args: list[str], env: dict | None = None, log_dir: pathlib.Path | None = None,
-                 port: int = 0, metrics_port: int = 0, python: str | None = None):
+                 port: int = 0, metrics_port: int = 0, python: str | None = None, launcher: typing.Sequence[str] = ()):
+        """launcher: a command the service runs under, e.g. ["taskset", "-c", "1"]."""
         self.module = module
         self.port = port or free_port()
         self.metrics_port = metrics_port or free_port()
@@ -71,7 +74,7 @@ class Service:
         self.http_port = next((int(b) for a, b in zip(args, args[1:]) if a == "--http-port"), None)
         self._log = open(self.log_path, "w")  # noqa: SIM115 (closed in stop)
         self.process = subprocess.Popen(
-            [python or sys.executable, "-m", module, "--host", "127.0.0.1", "--port", str(self.port),
+            [*launcher, python or sys.executable, "-m", module, "--host", "127.0.0.1", "--port", str(self.port),
              "--metrics-port", str(self.metrics_port), *args],
             cwd=REPO_ROOT, env=full_env, stdout=self._log, stderr=subprocess.STDOUT,
         )
@@ -126,8 +129,16 @@ def running_stack(target_dir, draft_dir=None, method: str = "ngram", verifier_ar
                 raise RuntimeError(f"{exc}\n--- {service.module} log ---\n{service.log()[-3000:]}") from exc
         yield services
     finally:
-        for service in reversed(list(services.values())):
-            service.stop()
+        stop_all(list(services.values()))
+
+
+def stop_all(services: list[Service], timeout_s: float = 10.0) -> None:
+    """SIGTERM every service at once (each drains on its own), then wait for each."""
+    for service in services:
+        if service.process.poll() is None:
+            service.process.terminate()
+    for service in reversed(services):
+        service.stop(timeout_s)
 
 
 def parse_metrics(text: str) -> dict[tuple[str, tuple], float]:

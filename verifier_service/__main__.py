@@ -7,7 +7,8 @@ import logging
 import sys
 
 from specdec import config as specdec_config
-from specdec import grpc_server, models
+from specdec import grpc_server, limits, models
+from specdec.interceptors import RequestSizeLimit
 from specdec.service_main import run_main, serve_until_signal
 from specdec.v1 import verifier_pb2, verifier_pb2_grpc
 from verifier_service.config import VerifierConfig
@@ -38,7 +39,7 @@ async def serve(server_cfg: specdec_config.ServerConfig, cfg: VerifierConfig) ->
     tokenizer = models.load_tokenizer(cfg.model)
     # from the config alone: the draft link needs it before the engine (which may be vLLM's) starts
     info = models.describe(cfg.model, tokenizer, models.load_config_only(cfg.model))
-    draft = DraftLink(cfg.draft, server_cfg, info, cfg.draft_timeout_ms / 1000) if cfg.draft else None
+    draft = DraftLink(cfg.draft, server_cfg, info, cfg.draft_timeout_ms / 1000, cfg.draft_ahead) if cfg.draft else None
     engine, info.num_parameters = build_engine(cfg, info)
     info.max_context = engine.max_context
     if cfg.draft:
@@ -56,6 +57,8 @@ async def serve(server_cfg: specdec_config.ServerConfig, cfg: VerifierConfig) ->
         server_cfg,
         lambda server: verifier_pb2_grpc.add_VerifierServiceServicer_to_server(servicer, server),
         [verifier_pb2.DESCRIPTOR.services_by_name["VerifierService"].full_name],
+        request_size=RequestSizeLimit(info.max_context * limits.TOKEN_ID_BYTES + limits.REQUEST_OVERHEAD_BYTES,
+                                      f"the model's context is {info.max_context} tokens;"),
     )
     await serve_until_signal(running, server_cfg, f"verifier ({cfg.model})")
 

@@ -19,6 +19,8 @@ class VerifierConfig(ModelConfig):
     spec_max_concurrency: int = option(
         0, "adaptive requests decode without speculation while more sequences than this are live (0: no limit)")
     draft_timeout_ms: float = option(1000.0, "a round waits this long for its draft block, then decodes without it")
+    draft_ahead: bool = option(True, "pipelined drafting: the draft drafts the next block while this one is verified "
+                                     "and sends it ahead; a round whose outcome it assumed waits for no round trip")
     draft_wait_s: float = option(30.0, "at start-up, wait this long for the draft to check its tokenizer")
     max_sequences: int = option(64, "live sequences at most; more get RESOURCE_EXHAUSTED")
     max_cache_tokens: int = option(262144, "tokens (prompt + max_tokens, reserved) in all KV caches at most")

@@ -23,6 +23,7 @@ from specdec.config import ServerConfig
 from specdec.draft_block import DraftBlock
 from specdec.sampling import SamplingParams, to_proto
 from specdec.v1 import common_pb2, draft_pb2, draft_pb2_grpc
+from verifier_service.draft_stream import AheadCounts, ProposeStream, StreamEnded
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +65,8 @@ class DraftUnavailable(Exception):
 
 
 # What a broken, slow or vanished stream raises: the round decodes without the draft.
-STREAM_ERRORS = (grpc.aio.AioRpcError, asyncio.TimeoutError, asyncio.InvalidStateError, DraftUnavailable)
+STREAM_ERRORS = (grpc.aio.AioRpcError, asyncio.TimeoutError, asyncio.InvalidStateError, DraftUnavailable,
+                 StreamEnded)
 
 
 class DraftIncompatible(RuntimeError):
@@ -92,10 +94,11 @@ class Backoff:
 
 class DraftLink:
     def __init__(self, address: str, server_config: ServerConfig, target_info: common_pb2.ModelInfo,
-                 timeout_s: float):
+                 timeout_s: float, pipeline: bool = True):
         self.address = address
         self.target_info = target_info
         self.timeout_s = timeout_s
+        self.pipeline = pipeline  # ask the draft to draft ahead (draft_stream)
         self.channel = grpc_server.open_channel(address, server_config)
         self.stub = draft_pb2_grpc.DraftServiceStub(self.channel)
         self.backoff = Backoff()
@@ -138,6 +141,7 @@ class DraftLink:
             start = draft_pb2.StartSequence(
                 request_id=request_id, prompt_token_ids=tokens, sampling=to_proto(sampling),
                 return_probs=not sampling.greedy, tenant=tenant, max_context=self.target_info.max_context,
+                pipeline=self.pipeline,
             )
             try:
                 await asyncio.wait_for(call.write(draft_pb2.ProposeRequest(start=start)), self.timeout_s)
@@ -170,7 +174,8 @@ class DraftSession:
 
     The draft's copy of the sequence is kept in step with the verifier's by position: `synced`
     tokens are known to be identical on both sides. Each round sends only what changed since
-    (roll back to `synced`, append the tokens after it) and asks for the next block.
+    (roll back to `synced`, append the tokens after it) and asks for the next block; the block may
+    have come ahead, drafted while the previous round was verified (`draft_stream`).
     """
 
     def __init__(self, link: DraftLink, request_id: str, sampling: SamplingParams, tenant: str = ""):
@@ -178,38 +183,49 @@ class DraftSession:
         self.request_id = request_id
         self.sampling = sampling
         self.tenant = tenant
-        self.call = None  # the Propose stream, once opened
+        self.stream: ProposeStream | None = None  # the Propose stream, once opened
         self.synced = 0  # tokens[:synced] are known to be identical in the draft
+        self.ahead = AheadCounts()
+
+    @property
+    def call(self):
+        return self.stream.call if self.stream is not None else None
 
     async def propose(self, tokens: list[int], k: int) -> tuple[DraftBlock, str]:
         """A block of up to k tokens after `tokens`, or an empty one and the reason it is empty."""
-        if self.call is None:
+        if self.stream is None:
             if not self.link.available():
                 return DraftBlock.empty(), "backoff"
             try:
-                self.call = await self.link.open(self.request_id, tokens, self.sampling, self.tenant)
+                call = await self.link.open(self.request_id, tokens, self.sampling, self.tenant)
             except DraftUnavailable as exc:
                 log.warning("request %s: decoding without the draft: %s", self.request_id, exc)
                 return DraftBlock.empty(), "unavailable"
+            self.stream = ProposeStream(call, self.ahead)
             self.synced = len(tokens)
         if self.link.max_k:
             k = min(k, self.link.max_k)  # the draft refuses larger blocks (its --max-speculative-tokens)
-        request = draft_pb2.ProposeRequest(next=draft_pb2.NextBlock(
-            keep_length=self.synced, append_token_ids=tokens[self.synced:], num_tokens=k))
-        call = self.call
+        stream = self.stream
         try:
-            response = await asyncio.wait_for(self._round_trip(call, request), self.link.timeout_s)
+            response, ahead = await asyncio.wait_for(
+                stream.next_block(self.synced, tokens[self.synced:], k), self.link.timeout_s)
         except STREAM_ERRORS as exc:
-            if self.call is not call:  # the sequence ended (and closed its stream) during the round
+            if self.stream is not stream:  # the sequence ended (and closed its stream) during the round
                 return DraftBlock.empty(), "closed"
             self.link.failed(exc)
             return self._give_up(f"draft round failed: {exc!r}")
+        self.synced = len(tokens)
+        if response.answered_ahead:  # the draft answered with a block sent ahead, which was discarded here
+            return DraftBlock.empty(), "ahead_discarded"
         try:
-            block = self._block(response, k)
+            block = self._block(response, k, ahead)
         except DraftUnavailable as exc:
+            if ahead:  # the draft answered this round with it: verify no block, the next sync rolls it back
+                self.ahead.used -= 1
+                self.ahead.discard("invalid")
+                return DraftBlock.empty(), "ahead_invalid"
             return self._give_up(str(exc))
         self.link.backoff.succeeded()
-        self.synced = len(tokens)
         return block, ""
 
     def _give_up(self, why: str) -> tuple[DraftBlock, str]:
@@ -222,54 +238,43 @@ class DraftSession:
         """The verifier kept the last block up to num_accepted tokens: the draft holds those too."""
         self.synced += num_accepted
 
-    @staticmethod
-    async def _round_trip(call, request):
-        await call.write(request)
-        response = await call.read()
-        if response is grpc.aio.EOF:
-            raise DraftUnavailable("the draft closed the stream")
-        return response
-
-    def _block(self, response: draft_pb2.ProposeResponse, k: int) -> DraftBlock:
+    def _block(self, response: draft_pb2.ProposeResponse, k: int, ahead: bool = False) -> DraftBlock:
+        """The response as a block of at most k tokens. An ahead block was drafted before k was known and may
+        be longer: its first k tokens are a block for this round (q of each is conditioned on those before)."""
         tokens = list(response.token_ids)
         vocab = self.link.target_info.vocab_size
-        if len(tokens) > k or any(t < 0 or t >= vocab for t in tokens):
+        if (len(tokens) > k and not ahead) or any(t < 0 or t >= vocab for t in tokens):
             raise DraftUnavailable(f"the draft sent an invalid block {tokens[:8]} for k={k}")
         if not response.probs:
-            return DraftBlock(tokens, None)
+            return DraftBlock(tokens[:k], None, ahead)
         probs = np.frombuffer(response.probs, dtype="<f4")
         if probs.size % max(len(tokens), 1) or not tokens:
             raise DraftUnavailable("the draft sent probabilities that do not match its tokens")
-        q = torch.from_numpy(probs.reshape(len(tokens), -1).copy())  # [k', V_draft]
+        q = torch.from_numpy(probs.reshape(len(tokens), -1)[:k].copy())  # [k', V_draft]
         if q.shape[1] < vocab:  # a draft with a narrower output layer: pad q with zeros
             q = torch.nn.functional.pad(q, (0, vocab - q.shape[1]))
-        return DraftBlock(tokens, q[:, :vocab])
+        return DraftBlock(tokens[:k], q[:, :vocab], ahead)
 
     def cancel(self) -> None:
-        if self.call is not None:
-            _end(self.call)
-            self.call = None
+        if self.stream is not None:
+            _end(self.stream.call)
+            self.stream = None
 
     def close(self, final_tokens: list[int] | None = None) -> None:
         """End the stream. After a normal finish (final_tokens: the whole sequence), sync the draft to it
         and half-close, so the draft finishes the call cleanly and may learn the output; after a cancel or
         failure (None), cancel it, so the draft keeps nothing. Runs in the background."""
-        if self.call is None:
+        if self.stream is None:
             return
         if final_tokens is None:
             self.cancel()
             return
-        call, self.call = self.call, None
-        last = draft_pb2.ProposeRequest(next=draft_pb2.NextBlock(
-            keep_length=self.synced, append_token_ids=final_tokens[self.synced:], num_tokens=0))
-        _in_background(self._drain(call, last))
+        stream, self.stream = self.stream, None
+        _in_background(self._drain(stream, self.synced, final_tokens[self.synced:]))
 
     @staticmethod
-    async def _drain(call, last: draft_pb2.ProposeRequest) -> None:
+    async def _drain(stream: ProposeStream, keep_length: int, append_token_ids: list[int]) -> None:
         try:
-            await asyncio.wait_for(call.write(last), 5.0)
-            await asyncio.wait_for(call.done_writing(), 5.0)
-            while await asyncio.wait_for(call.read(), 5.0) is not grpc.aio.EOF:
-                pass
+            await stream.finish(keep_length, append_token_ids)
         except (grpc.aio.AioRpcError, asyncio.TimeoutError, asyncio.InvalidStateError, RuntimeError):
-            _end(call)
+            _end(stream.call)

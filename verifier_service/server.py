@@ -41,6 +41,11 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServiceServicer):
 
     async def Decode(self, request: verifier_pb2.DecodeRequest, context: grpc.aio.ServicerContext):
         self.sequences.start_reaper()
+        if request.tokenizer_fingerprint and request.tokenizer_fingerprint != self.info.tokenizer_fingerprint:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, (
+                f"the caller tokenized with another tokenizer (fingerprint {request.tokenizer_fingerprint[:16]}) "
+                f"than this verifier's model {self.info.model} ({self.info.tokenizer_fingerprint[:16]}): its ids "
+                "would stand for other text. Point the gateway's --model at the verifier's model"))
         try:
             spec = check_decode_request(request, self.engine.vocab_size, self.engine.max_context,
                                         self.config.max_speculative_tokens)

@@ -35,6 +35,8 @@ class SpeculationStats:
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
     num_fallback_rounds: int = 0
+    num_ahead_used: int = 0  # blocks drafted ahead and used: no round trip (pipelined drafting)
+    num_ahead_discarded: int = 0
     accepted_per_position: list[int] = dataclasses.field(default_factory=list)
 
     def add(self, num_draft_tokens: int, num_accepted: int) -> None:
@@ -59,6 +61,8 @@ class SpeculationStats:
             accepted_per_position=self.accepted_per_position,
             num_rounds=self.num_rounds,
             num_fallback_rounds=self.num_fallback_rounds,
+            num_ahead_used=self.num_ahead_used,
+            num_ahead_discarded=self.num_ahead_discarded,
         )
 
 
@@ -85,6 +89,7 @@ class RequestSpeculation:
         self.span = span if span is not None else trace.get_current_span()
         self.live_sequences = live_sequences
         self.stats = SpeculationStats()
+        self.block_came_ahead = False  # the last proposed block was drafted ahead
 
     def block_size(self, remaining_tokens: int, remaining_context: int) -> int:
         """k for the next round (0: a plain step)."""
@@ -94,9 +99,12 @@ class RequestSpeculation:
 
     async def propose(self, tokens: list[int], k: int) -> tuple[DraftBlock, str]:
         """Up to k draft tokens after `tokens`, and why the block is empty where it is ("" otherwise)."""
+        self.block_came_ahead = False
         if self.draft is None or k == 0:
             return DraftBlock.empty(), self.policy.off_reason if self.draft is not None else ""
-        return await self.draft.propose(tokens, k)
+        block, reason = await self.draft.propose(tokens, k)
+        self.block_came_ahead = block.ahead
+        return block, reason
 
     def record(self, round_: Round) -> None:
         """The one place a verified round is counted: statistics, metrics, fallback, policy, trace."""
@@ -104,6 +112,7 @@ class RequestSpeculation:
         metrics.record_round(round_.num_draft_tokens, round_.num_accepted)
         if self.draft is not None:
             self.draft.accepted(round_.num_accepted)
+            self.stats.num_ahead_used, self.stats.num_ahead_discarded = self.draft.ahead.used, self.draft.ahead.discarded
             if round_.fallback:
                 self.stats.num_fallback_rounds += 1
                 metrics.FALLBACK_ROUNDS.labels(reason=round_.fallback).inc()
@@ -120,6 +129,8 @@ class RequestSpeculation:
             event["forward_ms"] = round(round_.forward_s * 1000, 3)
         if round_.draft_wait_s is not None:
             event["draft_wait_ms"] = round(round_.draft_wait_s * 1000, 3)
+        if round_.num_draft_tokens:
+            event["ahead"] = self.block_came_ahead  # drafted ahead (no round trip) or on request
         if round_.fallback:
             event["fallback"] = round_.fallback
         self.span.add_event("round", event)

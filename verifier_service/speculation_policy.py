@@ -9,7 +9,9 @@ where E is the expected number of tokens a round emits when each draft token is 
 probability alpha (Leviathan et al. 2023), and T(k) is the measured wall time of a round that
 verifies k draft tokens (forward pass, draft wait, transport), k = 0 being a plain step:
 - T(k) is learnt server-wide by `RoundCost` (round times are a property of the machine and the
-  model, not of the request): a line a + b*k fitted to the per-k averages of recent rounds;
+  model, not of the request): the plain step's average for k = 0, and for k >= 1 a line a + b*k
+  fitted to the per-k averages of recent drafted rounds, so that what every drafted round pays
+  once (the draft's wait, the round trip to a remote draft) counts in full;
 - alpha is this request's acceptance, starting from the server-wide acceptance of requests with
   the same kind of sampling (greedy or not: sampled text is accepted far less often) as a prior
   worth a few draft tokens, so that a request of a low-acceptance workload does not pay to find out;
@@ -60,9 +62,10 @@ class RoundCost:
         if num_draft_tokens:
             self.acceptance[greedy].add(num_accepted / num_draft_tokens)
 
-    def line(self) -> tuple[float, float] | None:
-        """(a, b) with T(k) = a + b k, or None before any round was timed."""
-        points = [(k, e.value) for k, e in self.seconds.items() if e.value is not None]
+    def line(self, drafted_only: bool = False) -> tuple[float, float] | None:
+        """(a, b) with T(k) = a + b k fitted to the measured block sizes (only k >= 1 when drafted_only),
+        or None before any round was timed."""
+        points = [(k, e.value) for k, e in self.seconds.items() if e.value is not None and (k or not drafted_only)]
         if not points:
             return None
         if len(points) == 1:
@@ -75,6 +78,23 @@ class RoundCost:
         var = sum((k - mean_k) ** 2 for k, _ in points)
         b = max(0.0, sum((k - mean_k) * (t - mean_t) for k, t in points) / var)
         return max(mean_t - b * mean_k, 1e-9), b
+
+    def time(self, k: int) -> float | None:
+        """The predicted wall time of a round that verifies k draft tokens; None before any was timed.
+
+        A plain step (k = 0) is its own measurement: a round with a block also waits for the draft and
+        pays the round trip to it, a fixed cost that a line through all block sizes would spread over
+        k, making blocks look cheaper than they are when the draft is far away. With rounds at two or
+        more block sizes measured, drafted rounds follow their own line."""
+        plain = self.seconds.get(0)
+        if k == 0 and plain is not None and plain.value is not None:
+            return plain.value
+        drafted_sizes = sum(1 for n, e in self.seconds.items() if n and e.value is not None)
+        line = self.line(drafted_only=k > 0 and drafted_sizes >= 2)
+        if line is None:
+            return None
+        a, b = line
+        return a + b * k
 
 
 class SpeculationPolicy:
@@ -102,12 +122,10 @@ class SpeculationPolicy:
 
     def best_k(self) -> int:
         """The k with the most expected tokens per second; 0 when no block beats a plain step."""
-        line = self.cost.line()
-        if line is None:
+        if self.cost.time(0) is None:
             return self.k
-        a, b = line
         alpha = min(self.alpha(), 0.999)
-        return max(range(self.max_k + 1), key=lambda k: (expected_tokens(alpha, k) / (a + b * k), -k))
+        return max(range(self.max_k + 1), key=lambda k: (expected_tokens(alpha, k) / self.cost.time(k), -k))
 
     def block_size(self, remaining_tokens: int, remaining_context: int, live_sequences: int = 1) -> int:
         """k for the next round; 0 decodes without speculation."""

@@ -16,40 +16,58 @@ class ProposeRequest(_message.Message):
     def __init__(self, start: _Optional[_Union[StartSequence, _Mapping]] = ..., next: _Optional[_Union[NextBlock, _Mapping]] = ...) -> None: ...
 
 class StartSequence(_message.Message):
-    __slots__ = ("request_id", "prompt_token_ids", "sampling", "return_probs", "tenant", "max_context")
+    __slots__ = ("request_id", "prompt_token_ids", "sampling", "return_probs", "tenant", "max_context", "pipeline")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     RETURN_PROBS_FIELD_NUMBER: _ClassVar[int]
     TENANT_FIELD_NUMBER: _ClassVar[int]
     MAX_CONTEXT_FIELD_NUMBER: _ClassVar[int]
+    PIPELINE_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
     sampling: _common_pb2.SamplingParams
     return_probs: bool
     tenant: str
     max_context: int
-    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., return_probs: _Optional[bool] = ..., tenant: _Optional[str] = ..., max_context: _Optional[int] = ...) -> None: ...
+    pipeline: bool
+    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., return_probs: _Optional[bool] = ..., tenant: _Optional[str] = ..., max_context: _Optional[int] = ..., pipeline: _Optional[bool] = ...) -> None: ...
 
 class NextBlock(_message.Message):
-    __slots__ = ("keep_length", "append_token_ids", "num_tokens")
+    __slots__ = ("keep_length", "append_token_ids", "num_tokens", "round")
     KEEP_LENGTH_FIELD_NUMBER: _ClassVar[int]
     APPEND_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     NUM_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
     keep_length: int
     append_token_ids: _containers.RepeatedScalarFieldContainer[int]
     num_tokens: int
-    def __init__(self, keep_length: _Optional[int] = ..., append_token_ids: _Optional[_Iterable[int]] = ..., num_tokens: _Optional[int] = ...) -> None: ...
+    round: int
+    def __init__(self, keep_length: _Optional[int] = ..., append_token_ids: _Optional[_Iterable[int]] = ..., num_tokens: _Optional[int] = ..., round: _Optional[int] = ...) -> None: ...
 
 class ProposeResponse(_message.Message):
-    __slots__ = ("token_ids", "probs", "sequence_length")
+    __slots__ = ("token_ids", "probs", "sequence_length", "round", "ahead", "answered_ahead")
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     PROBS_FIELD_NUMBER: _ClassVar[int]
     SEQUENCE_LENGTH_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    AHEAD_FIELD_NUMBER: _ClassVar[int]
+    ANSWERED_AHEAD_FIELD_NUMBER: _ClassVar[int]
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     probs: bytes
     sequence_length: int
-    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., probs: _Optional[bytes] = ..., sequence_length: _Optional[int] = ...) -> None: ...
+    round: int
+    ahead: AheadAssumption
+    answered_ahead: bool
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., probs: _Optional[bytes] = ..., sequence_length: _Optional[int] = ..., round: _Optional[int] = ..., ahead: _Optional[_Union[AheadAssumption, _Mapping]] = ..., answered_ahead: _Optional[bool] = ...) -> None: ...
+
+class AheadAssumption(_message.Message):
+    __slots__ = ("keep_length", "append_token_ids")
+    KEEP_LENGTH_FIELD_NUMBER: _ClassVar[int]
+    APPEND_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    keep_length: int
+    append_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, keep_length: _Optional[int] = ..., append_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class GetDraftInfoRequest(_message.Message):
     __slots__ = ()

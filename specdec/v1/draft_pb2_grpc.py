@@ -57,7 +57,12 @@ class DraftServiceServicer:
 
     def Propose(self, request_iterator, context):
         """Propose: the caller sends StartSequence, then one ProposeRequest per
-        round; the draft answers each with one ProposeResponse.
+        round; the draft answers each with one ProposeResponse. With
+        StartSequence.pipeline, the draft also drafts ahead: right after a block
+        it drafts the next one, assuming the block is accepted whole, and sends
+        it unasked (ProposeResponse.ahead). When the round's NextBlock is exactly
+        the one an ahead block assumed, that ahead block is the round's answer and
+        the draft only confirms it (ProposeResponse.answered_ahead).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -22,9 +22,10 @@ INFO = common_pb2.ModelInfo(model="in-process", vocab_size=VOCAB, tokenizer_fing
 
 
 @contextlib.asynccontextmanager
-async def draft_server(server_config: ServerConfig | None = None, **draft_config):
-    """Yield (address, servicer) of a running n-gram DraftService; `draft_config` sets DraftConfig fields."""
-    servicer = DraftServicer(NgramProposer(), INFO, DraftConfig(**draft_config))
+async def draft_server(server_config: ServerConfig | None = None, proposer=None, info=INFO, **draft_config):
+    """Yield (address, servicer) of a running DraftService (n-gram unless `proposer` is given);
+    `draft_config` sets DraftConfig fields."""
+    servicer = DraftServicer(proposer or NgramProposer(), info, DraftConfig(**draft_config))
     running = await grpc_server.start_server(
         server_config or ServerConfig(host="127.0.0.1"),
         lambda server: draft_pb2_grpc.add_DraftServiceServicer_to_server(servicer, server),

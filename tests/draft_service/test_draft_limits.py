@@ -119,3 +119,24 @@ def test_client_strings_that_would_reach_a_log_are_refused(field, value):
             assert f"start.{field}" in raised.value.details()
 
     asyncio.run(scenario())
+
+
+def test_bad_syncs_are_invalid_argument_and_nothing_enters_the_suffix_cache():
+    """Issue 15's bad input: a sync with ids outside the vocabulary, or a keep_length past the sequence, ends
+    the stream with INVALID_ARGUMENT, and the request's tokens never reach the global tree."""
+    from draft_service.suffix import SuffixProposer
+
+    proposer = SuffixProposer()
+
+    async def scenario():
+        async with draft_server(proposer=proposer) as (address, _):
+            for bad, field in ([nxt(5, [1, 2, 500], 2), "append_token_ids"], [nxt(6, [1], 2), "keep_length"]):
+                with pytest.raises(grpc.aio.AioRpcError) as raised:
+                    await propose(address, [start([1, 2, 3, 1, 2]), bad, nxt(0, [], 0)])
+                assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT, raised.value.details()
+                assert field in raised.value.details()
+            # a good stream that ends normally is cached: the bad ones were not
+            await propose(address, [start([1, 2, 3, 1, 2]), nxt(5, [3, 4], 2), nxt(7, [9], 0)])
+
+    asyncio.run(scenario())
+    assert proposer.cache.cached_requests == 1, proposer.cache.outputs("")

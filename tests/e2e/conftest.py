@@ -7,11 +7,20 @@ from specdec.stack import running_stack
 from specdec.v1 import gateway_pb2_grpc
 
 
-@pytest.fixture(scope="module", params=["ngram", "model"])
+# "METHOD:VARIANT" stacks: pipelined drafting off, or every block drafted ahead deliberately wrong
+VARIANTS = {"": ([], []), "serial": ([], ["--draft-ahead", "false"]),
+            "wrong_ahead": (["--inject-ahead-fault", "wrong_tokens"], [])}
+
+
+@pytest.fixture(scope="session", params=["ngram", "model"])
 def stack(request, tiny_pair, tmp_path_factory):
-    """(method, services, Gateway stub) for each proposer."""
+    """(method, services, Gateway stub) for each proposer (param "METHOD" or "METHOD:VARIANT"). Session-scoped:
+    pytest groups the tests of every module by stack, so each stack starts once."""
     target, draft = tiny_pair
-    with running_stack(target, draft, method=request.param, log_dir=tmp_path_factory.mktemp("logs")) as services:
+    method, _, variant = request.param.partition(":")
+    draft_args, verifier_args = VARIANTS[variant]
+    with running_stack(target, draft, method=method, draft_args=draft_args, verifier_args=verifier_args,
+                       log_dir=tmp_path_factory.mktemp("logs")) as services:
         channel = grpc.insecure_channel(services["gateway"].address)
         yield request.param, services, gateway_pb2_grpc.GatewayStub(channel)
         channel.close()

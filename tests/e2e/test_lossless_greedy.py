@@ -45,16 +45,34 @@ def reference(tiny_pair):
 @pytest.mark.parametrize("stack", ["ngram", "model", "suffix"], indirect=True)  # suffix: its cache warms over k
 def test_greedy_output_is_token_identical_to_target_only_decoding(stack, reference, k):
     method, _services, gateway = stack
-    mismatches, accepted = [], 0
+    mismatches, accepted, ahead_used = [], 0, 0
     for prompt in PROMPTS:
         response = gateway.Generate(gateway_pb2.GenerateRequest(
             prompt=prompt, max_tokens=MAX_TOKENS, temperature=0.0, num_speculative_tokens=k))
         accepted += response.speculation.num_accepted_tokens
+        ahead_used += response.speculation.num_ahead_used
         if list(response.token_ids) != reference[prompt]:
             mismatches.append((prompt, list(response.token_ids), reference[prompt]))
     assert not mismatches, f"{method} k={k}: {len(mismatches)} prompts differ, first: {mismatches[0]}"
     if method == "model":
         assert accepted > 0, "the model draft should be accepted sometimes"
+        if k == 4:  # pipelined drafting is on by default: whole blocks accepted, guesses true, blocks came ahead
+            # (deterministic: greedy; at k=8 the tiny draft never has all 8 accepted, so nothing is drafted ahead)
+            assert ahead_used > 0, f"model k={k}: no block drafted ahead was used"
     if method == "suffix" and k > 1:
         # the same prompts ran at k=1 first: their outputs are in the suffix cache, so drafts must be accepted
         assert accepted > len(PROMPTS), f"suffix k={k}: only {accepted} drafts accepted with a warm cache"
+
+
+@pytest.mark.parametrize("stack", ["model:wrong_ahead"], indirect=True)
+def test_greedy_output_is_identical_when_every_ahead_block_is_wrong(stack, reference):
+    """wrong_ahead: the draft sends every block it drafts ahead with each token changed; the verifier uses them
+    (their tags are right), rejects the wrong tokens, and the output is still the target's."""
+    variant, _services, gateway = stack
+    used = 0
+    for prompt in PROMPTS:
+        response = gateway.Generate(gateway_pb2.GenerateRequest(
+            prompt=prompt, max_tokens=MAX_TOKENS, temperature=0.0, num_speculative_tokens=4))
+        assert list(response.token_ids) == reference[prompt], (variant, prompt)
+        used += response.speculation.num_ahead_used
+    assert used > 0, "no wrong block drafted ahead was ever verified"

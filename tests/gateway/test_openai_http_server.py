@@ -119,3 +119,39 @@ def test_a_busy_port_or_half_a_tls_pair_is_a_config_error():
             asyncio.run(start_http(None, ServerConfig(host="127.0.0.1"), busy.getsockname()[1]))
     with pytest.raises(ConfigError, match="--tls-cert and --tls-key"):
         tls_options(ServerConfig(tls_cert="server.pem"))
+
+
+def post(port: int, body: bytes, chunked: bool = False) -> tuple[int, dict]:
+    import http.client
+
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    headers = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
+    try:
+        if chunked:
+            connection.request("POST", "/v1/completions", body=iter([body[i:i + 65536]
+                                                                      for i in range(0, len(body), 65536)]),
+                               headers=headers, encode_chunked=True)
+        else:
+            connection.request("POST", "/v1/completions", body=body, headers=headers)
+        reply = connection.getresponse()
+        return reply.status, json.loads(reply.read())
+    finally:
+        connection.close()
+
+
+def test_bodies_larger_than_any_request_that_fits_are_refused_unread():
+    """413 with OpenAI's error object, announced (Content-Length) or chunked; a body under the limit still
+    reaches the API whole (its bad field is named)."""
+    big = json.dumps({"model": "tiny", "prompt": "x" * 400_000}).encode()  # limit: 64 tokens x 64 chars x 12 + 256 KiB
+
+    def calls(port):
+        return post(port, big), post(port, big, chunked=True), post(port, b'{"model": "tiny", "prompt": 5}'), \
+            post(port, b'{"model": "tiny", "prompt": 5}', chunked=True)
+
+    announced, chunked, small, small_chunked = serve_and_call(ServerConfig(host="127.0.0.1", grace_s=1), calls)
+    for status, body in (announced, chunked):
+        assert status == 413, body
+        assert body["error"]["code"] == "body_too_large" and "refused unread" in body["error"]["message"]
+    assert "the model's context is 64 tokens" in announced[1]["error"]["message"]
+    for status, body in (small, small_chunked):
+        assert status == 400 and body["error"]["param"].startswith("prompt"), body

@@ -18,7 +18,7 @@ import urllib.request
 import grpc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
-from specdec.stack import Service, free_port, wait_serving
+from specdec.stack import Service, free_port, stop_all, wait_serving
 
 API_KEY = "sk-reliability-7f3c1e9a0b5d"  # a canary: it must never show up in a log or a span
 PROMPT_CANARY = "Canary prompt: zebra quasar marmalade"  # likewise, by default
@@ -45,9 +45,8 @@ class Stack:
         tls_args = tls.service_args() if tls else []
         try:
             self.services["draft"] = self._draft(self.draft_args)
-            self.services["verifier"] = Service(
-                "verifier_service", ["--model", self.target_dir, "--draft", self.draft.address, "--threads", "1",
-                                     "--grace-s", "1", *tls_args, *verifier_args], self.env, log_dir)
+            self.verifier_args = list(verifier_args)
+            self.services["verifier"] = self._verifier(self.target_dir, self.verifier_args)
             self.services["gateway"] = Service(
                 "gateway", ["--model", self.target_dir, "--verifier", self.verifier.address, "--draft",
                             self.draft.address, "--grace-s", "1", *tls_args, *gateway_args], self.env, log_dir)
@@ -62,6 +61,23 @@ class Stack:
         tls_args = self.tls.service_args() if self.tls else []
         return Service("draft_service", ["--model", model, "--method", self.method, "--grace-s", "1", *tls_args,
                                          *args], self.env, self.log_dir, port, metrics_port)
+
+    def _verifier(self, model, args, port: int = 0, metrics_port: int = 0, draft: bool = True) -> Service:
+        tls_args = self.tls.service_args() if self.tls else []
+        peer = ["--draft", self.draft.address] if draft else []
+        return Service("verifier_service", ["--model", str(model), *peer, "--threads", "1", "--grace-s", "1",
+                                            *tls_args, *args], self.env, self.log_dir, port, metrics_port)
+
+    def replace_verifier(self, model=None) -> Service:
+        """A new verifier process on the SAME ports, serving `model` (default: the target; another model runs
+        without the draft, which would not pair with it)."""
+        old = self.verifier
+        old.stop()
+        time.sleep(0.2)
+        self.services["verifier"] = self._verifier(model or self.target_dir, self.verifier_args, old.port,
+                                                   old.metrics_port, draft=model is None)
+        self.wait(self.verifier)
+        return self.verifier
 
     def restart_draft(self, args=None) -> Service:
         """A new draft process on the SAME ports (the verifier reconnects to the same address)."""
@@ -97,8 +113,7 @@ class Stack:
         return "\n".join(service.log() for service in self.services.values())
 
     def stop(self) -> None:
-        for service in reversed(list(self.services.values())):
-            service.stop(timeout_s=10)
+        stop_all(list(self.services.values()))
 
 
 def wait_exit(process, timeout_s: float) -> int | None:

@@ -54,7 +54,7 @@ GATEWAY_BAD = [
     ("top_p", G(prompt="hi", temperature=1.0, top_p=math.nan)),
     ("top_k", G(prompt="hi", top_k=-3)),
     ("max_tokens", G(prompt="hi", max_tokens=1_000_000)),
-    ("max_tokens", G(prompt_token_ids=ids(ids=[5] * 600), max_tokens=1)),
+    ("prompt_token_ids", G(prompt_token_ids=ids(ids=[5] * 600), max_tokens=1)),  # longer than the context
     ("stop", G(prompt="hi", stop=[""])),
     ("stop", G(prompt="hi", stop=["x"] * (limits.MAX_STOP_STRINGS + 1))),
     ("stop", G(prompt="hi", stop=["x" * (limits.MAX_STOP_LENGTH + 1)])),
@@ -116,7 +116,7 @@ DRAFT_BAD = [
     ("prompt longer than the draft", [start([5] * (CONTEXT + 1))], grpc.StatusCode.INVALID_ARGUMENT,
      "start.prompt_token_ids"),
     ("bad sampling", [start(temperature=1, top_p=0)], grpc.StatusCode.INVALID_ARGUMENT, "start.sampling"),
-    ("keep_length past the sequence", [start(), nxt(10_000)], grpc.StatusCode.FAILED_PRECONDITION, "keep_length"),
+    ("keep_length past the sequence", [start(), nxt(10_000)], grpc.StatusCode.INVALID_ARGUMENT, "keep_length"),
     ("out-of-vocab append", [start(), nxt(3, [VOCAB])], grpc.StatusCode.INVALID_ARGUMENT, "append_token_ids"),
     ("k over the maximum", [start(), nxt(3, [], 1000)], grpc.StatusCode.INVALID_ARGUMENT, "num_tokens"),
     ("past the context", [start(), nxt(3, [5] * CONTEXT)], grpc.StatusCode.OUT_OF_RANGE, "append_token_ids"),

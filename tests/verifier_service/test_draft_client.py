@@ -6,6 +6,7 @@ from specdec.config import ServerConfig
 from specdec.sampling import SamplingParams
 from specdec.v1 import common_pb2
 from verifier_service.draft_client import DraftLink
+from verifier_service.draft_stream import ProposeStream
 
 
 class FinishedCall:
@@ -18,7 +19,10 @@ class FinishedCall:
         raise asyncio.InvalidStateError("RPC already finished.")
 
     async def read(self):
-        raise AssertionError("never reached")
+        await asyncio.sleep(3600)  # the draft sends nothing
+
+    async def done_writing(self):
+        pass
 
     def cancel(self):
         self.cancelled = True
@@ -28,10 +32,10 @@ def test_a_finished_stream_is_an_empty_block_and_a_back_off():
     async def scenario():
         link = DraftLink("127.0.0.1:1", ServerConfig(), common_pb2.ModelInfo(vocab_size=10), timeout_s=1.0)
         session, call = link.session("r", SamplingParams()), FinishedCall()
-        session.call, session.synced = call, 3
+        session.stream, session.synced = ProposeStream(call, session.ahead), 3
         block, reason = await session.propose([1, 2, 3, 1], 2)
         assert block.token_ids == [] and reason == "failed"
-        assert call.cancelled and session.call is None  # the next round opens a new stream
+        assert call.cancelled and session.stream is None  # the next round opens a new stream
         assert not link.available()  # backed off; the round decodes without the draft
         await link.close()
 
@@ -45,10 +49,10 @@ def test_a_stream_closed_during_its_round_is_not_a_draft_failure():
 
         class ClosingCall(FinishedCall):
             async def write(self, request):
-                session.call = None  # the sequence finished and closed its stream meanwhile
+                session.stream = None  # the sequence finished and closed its stream meanwhile
                 raise asyncio.InvalidStateError("RPC already finished.")
 
-        session.call = ClosingCall()
+        session.stream = ProposeStream(ClosingCall(), session.ahead)
         block, reason = await session.propose([1, 2, 3], 2)
         assert block.token_ids == [] and reason == "closed"
         assert link.available()  # no back-off for the other sequences

@@ -83,3 +83,27 @@ def test_a_short_block_is_not_read_as_rejected_tokens():
         rejected.observe(8, 2, 0.07)  # 8 drafted, 2 accepted
     assert short.alpha() > 0.9 > 0.5 > rejected.alpha()
     assert short.streak == 2 and short.block_size(100, 1000) >= 4  # a fully accepted block grows the next
+
+
+def test_a_fixed_cost_per_drafted_round_is_counted_in_full():
+    """A remote draft: every drafted round pays a 30 ms round trip on top of a 100 ms step, 5 ms per token.
+    A line through all block sizes spread that over k and kept drafting at acceptance 0.25 (a loss); the plain
+    step measured on its own shows blocks do not pay, so speculation turns off."""
+    cost = RoundCost()
+    for _ in range(3):
+        cost.observe(0, 0, 0.100)
+        cost.observe(2, 0, 0.100 + 0.030 + 2 * 0.005)
+        cost.observe(4, 0, 0.100 + 0.030 + 4 * 0.005)
+    cost.acceptance[True].value = 0.25
+    assert cost.time(0) == pytest.approx(0.100)
+    assert cost.time(3) == pytest.approx(0.145)
+    policy = SpeculationPolicy(default_k=4, max_k=16, cost=cost)
+    assert policy.block_size(1000, 1000) == 0 and policy.off_reason == "not_paying"
+    # the same machine with the draft next door (no round trip) does pay at this acceptance
+    near = RoundCost()
+    for _ in range(3):
+        near.observe(0, 0, 0.100)
+        near.observe(2, 0, 0.100 + 2 * 0.005)
+        near.observe(4, 0, 0.100 + 4 * 0.005)
+    near.acceptance[True].value = 0.25
+    assert SpeculationPolicy(default_k=4, max_k=16, cost=near).block_size(1000, 1000) > 0

@@ -84,17 +84,21 @@ def generate(gateway, prompt: str, **fields) -> gateway_pb2.GenerateResponse:
 def test_greedy_output_equals_plain_vllm_and_counts_add_up(stack, reference, k):
     services, gateway = stack
     before = scrape_metrics(services["verifier"].metrics_port)
-    mismatches, drafted, accepted = [], 0, 0
+    mismatches, drafted, accepted, ahead_used = [], 0, 0, 0
     for prompt in PROMPTS:
         fields = {} if k is None else {"num_speculative_tokens": k}
         response = generate(gateway, prompt, max_tokens=MAX_TOKENS, temperature=0.0, **fields)
         drafted += response.speculation.num_draft_tokens
         accepted += response.speculation.num_accepted_tokens
+        ahead_used += response.speculation.num_ahead_used
         assert response.speculation.num_accepted_tokens <= response.speculation.num_draft_tokens
         if list(response.token_ids) != reference[prompt]:
             mismatches.append((prompt, list(response.token_ids), reference[prompt]))
     assert not mismatches, f"k={k}: {len(mismatches)}/{len(PROMPTS)} prompts differ, first: {mismatches[0]}"
     assert accepted > 0, "the model draft should be accepted sometimes"
+    print(f"figure: vLLM k={k}: {ahead_used} rounds served by blocks drafted ahead (pipelined drafting)")
+    if k == 4:
+        assert ahead_used > 0, "pipelined drafting (the default) never served a round through the engine step"
     after = scrape_metrics(services["verifier"].metrics_port)
 
     def delta(name):
@@ -102,13 +106,15 @@ def test_greedy_output_equals_plain_vllm_and_counts_add_up(stack, reference, k):
 
     assert delta("spec_decode_num_draft_tokens_total") == drafted
     assert delta("spec_decode_num_accepted_tokens_total") == accepted
+    assert delta("specdec_draft_wait_seconds_count") >= delta("spec_decode_num_drafts_total") > 0, \
+        "every drafted round's wait for its block is observed"
 
 
 def test_sampling_follows_the_target_distribution(stack, pair, tokenizer):
     """T=1.0: the second token (drafted, then accepted or resampled by vLLM's rejection sampler) ~ p."""
     _services, gateway = stack
     prompt = "The quick brown fox"
-    n = 1200
+    n = 800
 
     def sample(seed):
         return generate(gateway, prompt, max_tokens=3, temperature=1.0, seed=seed, num_speculative_tokens=2)
@@ -159,7 +165,8 @@ def test_eight_concurrent_streams_share_engine_steps_and_fallbacks_are_counted_o
     assert fallbacks == sum(f.speculation.num_fallback_rounds for f in finals) > 0
     waits = (after.get(("specdec_draft_wait_seconds_count", ()), 0.0)
              - before.get(("specdec_draft_wait_seconds_count", ()), 0.0))
-    assert waits >= sum(f.speculation.num_drafts for f in finals) > 0, "draft waits must be observed"
+    # (whether any round drafted depends on when streams end and live sequences drop to 4: timing)
+    assert waits >= sum(f.speculation.num_drafts for f in finals), "draft waits must be observed"
     assert shared > 0, "no engine step served more than 4 of the 8 streams"
     assert steps("8.0") - steps("4.0") > 0, "no engine step served 5-8 sequences"
 

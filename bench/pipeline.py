@@ -1,0 +1,237 @@
+"""Does pipelined drafting hide the network between the verifier and the draft? (issue 14)
+
+    python -m bench.pipeline --model .cache/models/smollm2-135m-instruct --dtype float32    # make bench-pipeline
+    python -m bench.pipeline --model DIR --delays 0 --concurrency 8 --name ngram-8-streams
+    python -m bench.pipeline --model DIR --method model --draft-model DIR --pin-cores --delays 0,20
+
+One draft service behind tools.latency_proxy (its one-way delay set for each step of the sweep), and two
+verifiers that reach the draft through the proxy: one drafting serially (--draft-ahead false), one
+pipelined (the default). The bench calls the verifiers' Decode directly (greedy, the server's adaptive k,
+the workloads' chat-formatted prompts, in the same order) at each round-trip delay:
+
+    off        speculation off (k = 0), on the serial verifier
+    serial     the adaptive policy; every round waits for its block: draft + round trip
+    pipelined  the adaptive policy; a round whose outcome the draft guessed finds its block already there
+
+Per (delay, workload, mode): tokens/s (completion tokens over request wall time, summed over prompts),
+speedup against off at the same delay, mean round time (wall time / rounds), hit rate (rounds served by a
+block drafted ahead / rounds with a draft block), acceptance, and rounds that fell back to plain decoding.
+--concurrency N sends N requests at a time (aggregate tokens/s). --pin-cores puts the verifiers on core 0
+and the draft on core 1 (taskset), one thread each. Writes bench/results/pipeline/<name>.json and .png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import contextlib
+import datetime
+import json
+import pathlib
+import tempfile
+import time
+
+import grpc
+
+from bench.workloads import load_workload
+from specdec.config import ModelConfig, choices
+from specdec.stack import Service, wait_serving
+from specdec.v1 import common_pb2, verifier_pb2, verifier_pb2_grpc
+from tools.latency_proxy import LatencyProxy
+
+MODES = ("off", "serial", "pipelined")
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", required=True, help="target model directory")
+    parser.add_argument("--method", default="ngram", choices=["ngram", "suffix", "model"])
+    parser.add_argument("--draft-model", default="", help="the draft LM for --method model (default: --model)")
+    parser.add_argument("--dtype", default="float32", choices=choices(ModelConfig, "dtype"))
+    parser.add_argument("--threads", type=int, default=2, help="torch threads of each verifier")
+    parser.add_argument("--delays", default="0,5,20", help="round trips to sweep, ms (the proxy adds half each way)")
+    parser.add_argument("--workloads", default="copy_heavy,extraction")
+    parser.add_argument("--prompts-per-workload", type=int, default=6)
+    parser.add_argument("--max-tokens", type=int, default=64, help="cap on every prompt's max_tokens")
+    parser.add_argument("--concurrency", type=int, default=1, help="requests in flight at once")
+    parser.add_argument("--pin-cores", action="store_true", help="verifiers on core 0, draft on core 1 (taskset)")
+    parser.add_argument("--name", default="", help="results name (default: <method>-c<concurrency>)")
+    parser.add_argument("--results-dir", default="bench/results/pipeline")
+    return parser.parse_args(argv)
+
+
+@contextlib.contextmanager
+def split_stack(args, log_dir: pathlib.Path):
+    """(proxy, {"serial": verifier address, "pipelined": verifier address}) over one draft behind the proxy."""
+    env = {"OMP_WAIT_POLICY": "PASSIVE"}
+    draft_model = args.draft_model or args.model
+    pin = (lambda core: ["taskset", "-c", str(core)]) if args.pin_cores else (lambda core: [])
+    threads = "1" if args.pin_cores else str(args.threads)
+    services = []
+    try:
+        draft_args = ["--model", draft_model if args.method == "model" else args.model, "--method", args.method]
+        if args.method == "model":
+            draft_args += ["--dtype", args.dtype]
+        services.append(Service("draft_service", draft_args, {**env, "OMP_NUM_THREADS": threads}, log_dir,
+                                launcher=pin(1)))
+        wait_serving(services[0].address, 300, services[0].process)
+        with LatencyProxy(services[0].address) as proxy:
+            verifiers = {}
+            for mode, ahead in (("serial", "false"), ("pipelined", "true")):
+                service = Service("verifier_service", [
+                    "--model", args.model, "--dtype", args.dtype, "--threads", threads, "--draft", proxy.address,
+                    "--draft-ahead", ahead, "--draft-timeout-ms", "2000"], env, log_dir, launcher=pin(0))
+                services.append(service)
+                verifiers[mode] = service.address
+            for service in services[1:]:
+                wait_serving(service.address, 300, service.process)
+            yield proxy, verifiers
+    finally:
+        for service in services:
+            service.stop()
+
+
+def prompts(args, tokenizer) -> dict[str, list[tuple[list[int], int]]]:
+    """Per workload: (prompt ids, max_tokens) of its first --prompts-per-workload prompts."""
+    out = {}
+    for name in args.workloads.split(","):
+        chosen = load_workload(name)[: args.prompts_per_workload]
+        out[name] = [(tokenizer.encode(p.text, add_special_tokens=False), min(p.max_tokens, args.max_tokens))
+                     for p in chosen]
+    return out
+
+
+def decode(address: str, ids: list[int], max_tokens: int, k: int | None) -> dict:
+    request = verifier_pb2.DecodeRequest(request_id="bench", prompt_token_ids=ids, max_tokens=max_tokens,
+                                         sampling=common_pb2.SamplingParams())
+    if k is not None:
+        request.num_speculative_tokens = k
+    with grpc.insecure_channel(address) as channel:
+        started = time.perf_counter()
+        last = None
+        for last in verifier_pb2_grpc.VerifierServiceStub(channel).Decode(request, timeout=600):
+            pass
+        seconds = time.perf_counter() - started
+    stats = last.speculation
+    return {"seconds": seconds, "tokens": last.usage.completion_tokens, "rounds": stats.num_rounds,
+            "drafts": stats.num_drafts, "draft_tokens": stats.num_draft_tokens,
+            "accepted": stats.num_accepted_tokens, "fallback": stats.num_fallback_rounds,
+            "ahead_used": stats.num_ahead_used, "ahead_discarded": stats.num_ahead_discarded}
+
+
+def run_mode(address: str, batch: list[tuple[list[int], int]], k: int | None, concurrency: int) -> dict:
+    """All prompts of a workload through one verifier; summed counts and the wall time of the whole batch."""
+    started = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(concurrency) as pool:
+        results = list(pool.map(lambda item: decode(address, item[0], item[1], k), batch))
+    wall = time.perf_counter() - started
+    total = {key: sum(r[key] for r in results) for key in results[0]}
+    total["wall"] = wall
+    return total
+
+
+def row(delay: float, workload: str, mode: str, measured: dict, off: dict, concurrency: int) -> dict:
+    # tokens/s: one stream's speed (tokens over request time); with several in flight, aggregate (over the wall)
+    tps = measured["tokens"] / (measured["seconds"] if concurrency == 1 else measured["wall"])
+    off_tps = off["tokens"] / (off["seconds"] if concurrency == 1 else off["wall"])
+    return {"rtt_ms": delay, "workload": workload, "mode": mode, "tokens_per_s": round(tps, 2),
+            "speedup": round(tps / off_tps, 3), "round_ms": round(1000 * measured["seconds"] / measured["rounds"], 1),
+            "hit_rate": round(measured["ahead_used"] / measured["drafts"], 3) if measured["drafts"] else 0.0,
+            "acceptance": round(measured["accepted"] / measured["draft_tokens"], 3) if measured["draft_tokens"] else 0,
+            "fallback_rounds": measured["fallback"], "rounds": measured["rounds"], "drafts": measured["drafts"],
+            "tokens": measured["tokens"]}
+
+
+def sweep(args, proxy, verifiers, batches) -> list[dict]:
+    rows = []
+    delays = [float(d) for d in args.delays.split(",")]
+    for i, delay in enumerate(delays):
+        proxy.delay_ms = delay / 2
+        for workload, batch in batches.items():
+            # warm up both verifiers at this delay: the adaptive policy measures round time server-wide
+            for mode in ("serial", "pipelined"):
+                run_mode(verifiers[mode], batch[:2], None, args.concurrency)
+            off = run_mode(verifiers["serial"], batch, 0, args.concurrency)
+            rows.append(row(delay, workload, "off", off, off, args.concurrency))
+            for mode in (("serial", "pipelined") if i % 2 == 0 else ("pipelined", "serial")):
+                measured = run_mode(verifiers[mode], batch, None, args.concurrency)
+                rows.append(row(delay, workload, mode, measured, off, args.concurrency))
+                print(f"rtt {delay:g} ms {workload:<12} {mode:<9} {rows[-1]['tokens_per_s']:6.2f} tok/s "
+                      f"speedup {rows[-1]['speedup']:.2f}x round {rows[-1]['round_ms']:.0f} ms "
+                      f"hit rate {rows[-1]['hit_rate']:.2f} fallback {rows[-1]['fallback_rounds']}", flush=True)
+    return sorted(rows, key=lambda r: (r["workload"], r["rtt_ms"], MODES.index(r["mode"])))
+
+
+def summary(rows: list[dict]) -> dict:
+    """Per workload and mode: the speedup kept at the largest delay, against its own at 0 ms."""
+    out = {}
+    for workload in sorted({r["workload"] for r in rows}):
+        for mode in ("serial", "pipelined"):
+            points = {r["rtt_ms"]: r for r in rows if r["workload"] == workload and r["mode"] == mode}
+            if 0.0 in points and len(points) > 1:
+                worst = max(points)
+                out[f"{workload}/{mode}"] = {
+                    "speedup_at_0": points[0.0]["speedup"], f"speedup_at_{worst:g}": points[worst]["speedup"],
+                    "kept": round(points[worst]["speedup"] / points[0.0]["speedup"], 3)}
+    return out
+
+
+def plot(rows: list[dict], title: str, path: pathlib.Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    workloads = sorted({r["workload"] for r in rows})
+    fig, axes = plt.subplots(2, len(workloads), figsize=(5.5 * len(workloads), 7), squeeze=False)
+    for col, workload in enumerate(workloads):
+        for mode in MODES:
+            points = sorted((r["rtt_ms"], r) for r in rows if r["workload"] == workload and r["mode"] == mode)
+            xs = [x for x, _ in points]
+            axes[0][col].plot(xs, [r["speedup"] for _, r in points], marker="o", label=mode)
+            axes[1][col].plot(xs, [r["round_ms"] for _, r in points], marker="o", label=mode)
+        axes[0][col].axhline(1.0, color="grey", linewidth=0.8)
+        axes[0][col].set_title(f"{workload}: speedup vs off", fontsize=10)
+        axes[1][col].set_title(f"{workload}: mean round time (ms)", fontsize=10)
+        for ax in (axes[0][col], axes[1][col]):
+            ax.set_xlabel("round trip verifier <-> draft (ms)")
+            ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=8)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv=None) -> int:
+    from bench.run import machine_info
+    from specdec.models import load_tokenizer
+
+    args = parse_args(argv)
+    name = args.name or f"{args.method}-c{args.concurrency}" + ("-pinned" if args.pin_cores else "")
+    out_dir = pathlib.Path(args.results_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    batches = prompts(args, load_tokenizer(args.model))
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="bench-pipeline-") as log_dir, \
+            split_stack(args, pathlib.Path(log_dir)) as (proxy, verifiers):
+        rows = sweep(args, proxy, verifiers, batches)
+    result = {
+        "what": "verifier Decode (greedy, adaptive k) through a draft behind a latency proxy: off, serial, pipelined",
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "model": args.model, "dtype": args.dtype, "method": args.method, "draft_model": args.draft_model,
+        "concurrency": args.concurrency, "pin_cores": args.pin_cores, "workloads": args.workloads,
+        "prompts_per_workload": args.prompts_per_workload, "max_tokens": args.max_tokens,
+        "machine": machine_info(1 if args.pin_cores else args.threads, "PASSIVE"),
+        "wall_s": round(time.perf_counter() - started, 1), "rows": rows, "summary": summary(rows),
+    }
+    (out_dir / f"{name}.json").write_text(json.dumps(result, indent=1) + "\n")
+    plot(rows, f"pipelined drafting, {args.method} draft, {args.dtype}, concurrency {args.concurrency}",
+         out_dir / f"{name}.png")
+    print(json.dumps(result["summary"], indent=1))
+    print(f"wrote {out_dir / name}.json and .png")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,71 @@
+"""Keep checking that the verifier is usable: answering, and with the gateway's tokenizer.
+
+At start-up the gateway refuses a verifier with another tokenizer (`check_peers`). A verifier can be
+replaced while the gateway runs (a rollout, a wrong image), so the watch asks GetModelInfo again whenever
+the channel reconnects, and every --peer-check-s. While the verifier is unusable:
+- the gateway's health (gRPC and HTTP /health) is NOT_SERVING, so probes and balancers take it out;
+- requests are refused with UNAVAILABLE and the reason, before they are tokenized.
+
+The watch is for health and clear errors. Correctness does not wait for it: every Decode carries the
+gateway's tokenizer fingerprint, which the verifier checks (FAILED_PRECONDITION on a mismatch).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import typing
+
+import grpc
+
+from specdec import models
+from specdec.v1 import common_pb2, verifier_pb2, verifier_pb2_grpc
+
+log = logging.getLogger(__name__)
+CHECK_TIMEOUT_S = 5.0
+GATEWAY_ADVICE = "The gateway tokenizes for the verifier: run both with the same model (--model)."
+
+
+class VerifierWatch:
+    """The verifier's usability, kept current; `problem` is None while it is usable, else why not."""
+
+    def __init__(self, channel: grpc.aio.Channel, address: str, tokenizer: common_pb2.ModelInfo, period_s: float,
+                 on_change: typing.Callable[[str | None, common_pb2.ModelInfo | None], typing.Awaitable[None]]):
+        self.channel = channel
+        self.stub = verifier_pb2_grpc.VerifierServiceStub(channel)
+        self.address, self.tokenizer, self.period_s = address, tokenizer, period_s
+        self.on_change = on_change
+        self.problem: str | None = None
+
+    async def check(self) -> tuple[str | None, common_pb2.ModelInfo | None]:
+        """(None, the verifier's ModelInfo) when it answers with our tokenizer; (why not, None) otherwise."""
+        try:
+            reply = await self.stub.GetModelInfo(verifier_pb2.GetModelInfoRequest(), timeout=CHECK_TIMEOUT_S)
+        except grpc.aio.AioRpcError as exc:
+            return (f"the verifier at {self.address} is not answering ({exc.code().name}: {exc.details()}); "
+                    "retry shortly"), None
+        problem = models.tokenizer_mismatch(reply.info, self.tokenizer, role="the gateway's --model",
+                                            target_role="the verifier", advice=GATEWAY_ADVICE)
+        if problem:
+            return f"the verifier at {self.address} was replaced by an incompatible one: {problem}", None
+        return None, reply.info
+
+    async def check_and_report(self) -> None:
+        problem, info = await self.check()
+        if problem != self.problem:
+            if problem:
+                log.error("%s; health NOT_SERVING until it is fixed", problem)
+            elif self.problem:
+                log.info("the verifier at %s is usable again", self.address)
+        self.problem = problem
+        await self.on_change(problem, info)
+
+    async def run(self) -> None:
+        """Check at every connectivity change of the channel (a reconnect is one) and every period_s."""
+        while True:
+            await self.check_and_report()
+            state = self.channel.get_state(try_to_connect=True)
+            try:
+                await asyncio.wait_for(self.channel.wait_for_state_change(state), self.period_s)
+            except TimeoutError:
+                pass

@@ -1,0 +1,53 @@
+"""gateway.validation: limits that mean what they say (issue 13, items 1 and 9).
+
+`--max-prompt-tokens` caps the prompt, never prompt plus max_tokens; the model's context caps the sum and
+errors name each limit by its own name. A prompt that cannot fit is refused by its length alone.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.validation import InvalidRequest, ModelLimits, check_generate_request
+from specdec.v1 import gateway_pb2
+
+CAPPED = ModelLimits(vocab_size=100, max_context=64, max_prompt_tokens=10, max_token_chars=5, max_token_bytes=7)
+
+
+def ids_request(n: int, max_tokens: int = 0) -> gateway_pb2.GenerateRequest:
+    return gateway_pb2.GenerateRequest(prompt_token_ids=gateway_pb2.TokenIds(ids=[5] * n), max_tokens=max_tokens)
+
+
+def test_max_prompt_tokens_caps_the_prompt_and_not_the_default_max_tokens():
+    # 8 prompt tokens + the default max_tokens of 50 = 58 <= the context of 64: fine under a cap of 10
+    decode = check_generate_request(ids_request(8), [5] * 8, CAPPED, 50, -1)
+    assert decode.max_tokens == 50
+    with pytest.raises(InvalidRequest) as raised:
+        check_generate_request(ids_request(12), [5] * 12, CAPPED, 50, -1)
+    assert str(raised.value) == "prompt_token_ids has 12 tokens; prompts may have at most 10 tokens (--max-prompt-tokens)"
+
+
+def test_the_sum_is_held_to_the_models_context_and_named_so():
+    with pytest.raises(InvalidRequest) as raised:
+        check_generate_request(ids_request(8, max_tokens=60), [5] * 8, CAPPED, 50, -1)
+    assert "max_tokens 60 plus 8 prompt tokens exceeds the model's context of 64 tokens" in str(raised.value)
+
+
+def test_a_prompt_that_cannot_fit_is_refused_by_its_length():
+    assert CAPPED.prompt_size_problem(ids_request(10)) is None
+    assert CAPPED.prompt_size_problem(ids_request(11)) == \
+        "prompt_token_ids has 11 ids; prompts may have at most 10 tokens (--max-prompt-tokens)"
+    assert CAPPED.prompt_size_problem(gateway_pb2.GenerateRequest(prompt="x" * 50)) is None  # 10 tokens x 5 chars
+    problem = CAPPED.prompt_size_problem(gateway_pb2.GenerateRequest(prompt="x" * 51))
+    assert problem.startswith("prompt has 51 characters, more than any prompt of at most 10 tokens can have (50)")
+    uncapped = ModelLimits(vocab_size=100, max_context=64, max_token_chars=5, max_token_bytes=7)
+    assert "the model's context is 64 tokens" in uncapped.prompt_size_problem(ids_request(65))
+
+
+def test_the_request_size_bound_holds_any_prompt_that_fits():
+    fits = gateway_pb2.GenerateRequest(prompt="\U0001F600" * CAPPED.prompt_chars, stop=["\U0001F600" * 256] * 16)
+    assert CAPPED.prompt_size_problem(fits) is None
+    assert fits.ByteSize() <= CAPPED.request_bytes
+    ids = ids_request(CAPPED.prompt_tokens)
+    ids.prompt_token_ids.ids[:] = [2**31 - 1] * CAPPED.prompt_tokens
+    assert ids.ByteSize() <= CAPPED.request_bytes

@@ -1,0 +1,123 @@
+"""Pipelined drafting, DraftLink against a real in-process draft (n-gram): blocks drafted ahead are used
+exactly when the round's sync is the one they assumed, and never otherwise.
+
+A simulated verifier drives the session: it accepts a block up to a chosen length and appends its own
+next token (the "target" here is the sequence itself: a repeating pattern the n-gram draft copies).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from specdec.config import ServerConfig
+from specdec.sampling import SamplingParams
+from tests.draft_service.inprocess import draft_server
+from tests.verifier_service.test_draft_link_limits import target
+from verifier_service.draft_client import DraftLink
+from verifier_service.draft_stream import MAX_INBOX
+
+PATTERN = [11, 12, 13, 14, 15, 16, 17, 18, 19, 20]
+
+
+def truth(position: int) -> int:
+    """The target's token at a position: the pattern, repeated."""
+    return PATTERN[position % len(PATTERN)]
+
+
+async def run_rounds(session, rounds: int, k: int, accept=None, wait_s: float = 0.05):
+    """Drive `rounds` verifier rounds; accept(round, block) -> how many draft tokens the target keeps (default:
+    as many as match the truth). Returns [(came ahead, tokens, accepted)] and the sequence."""
+    tokens = [truth(i) for i in range(2 * len(PATTERN))]
+    seen = []
+    for i in range(rounds):
+        block, reason = await session.propose(tokens, k)
+        assert reason in ("", "ahead_invalid", "ahead_discarded"), reason
+        matches = 0
+        for j, t in enumerate(block.token_ids):
+            if t != truth(len(tokens) + j):
+                break
+            matches += 1
+        accepted = matches if accept is None else min(matches, accept(i, block))
+        session.accepted(accepted)
+        tokens = tokens + block.token_ids[:accepted]
+        tokens.append(truth(len(tokens)))  # the target's own token (bonus or correction)
+        seen.append((block.ahead, list(block.token_ids), accepted))
+        await asyncio.sleep(wait_s)  # the verify step: the draft drafts ahead meanwhile
+    return seen, tokens
+
+
+def scenario(rounds_fn, **draft_config):
+    async def main():
+        async with draft_server(**draft_config) as (address, servicer):
+            link = DraftLink(address, ServerConfig(), target(), timeout_s=5.0)
+            session = link.session("r", SamplingParams())
+            try:
+                return await rounds_fn(session), session.ahead
+            finally:
+                session.close(None)
+                await link.close()
+
+    return asyncio.run(main())
+
+
+def test_a_fully_accepted_run_is_served_ahead():
+    (seen, tokens), counts = scenario(lambda s: run_rounds(s, 8, 4))
+    assert [ahead for ahead, _, _ in seen] == [False] + [True] * 7, seen
+    assert all(accepted == len(block) == 4 for _, block, accepted in seen)
+    assert tokens == [truth(i) for i in range(len(tokens))]
+    assert (counts.used, counts.discarded) == (7, 0)
+
+
+def test_a_rejection_discards_the_ahead_block_and_the_round_is_answered_on_request():
+    # round 2 keeps only 1 of its 4 tokens: the block drafted ahead for round 3 assumed 4, so it is discarded
+    (seen, tokens), counts = scenario(lambda s: run_rounds(s, 6, 4, accept=lambda i, b: 1 if i == 2 else 99))
+    assert [ahead for ahead, _, _ in seen] == [False, True, True, False, True, True], seen
+    assert tokens == [truth(i) for i in range(len(tokens))]  # every block was a valid draft for its round
+    assert (counts.used, counts.discarded) == (4, 1)
+
+
+def test_a_smaller_k_cuts_the_ahead_block():
+    ks = iter([4, 2, 2, 3])
+
+    async def rounds(session):
+        seen = []
+        for k in ks:
+            part, _ = await run_rounds(session, 1, k)
+            seen += part
+        return seen
+
+    (seen, counts) = scenario(rounds)
+    assert [len(block) for _, block, _ in seen][1:] and all(len(b) <= k for (_, b, _), k in zip(seen, [4, 2, 2, 3]))
+
+
+@pytest.mark.parametrize("fault", ["wrong_tag", "flood"])
+def test_mis_tagged_and_flooded_ahead_blocks_are_dropped_and_counted(fault):
+    (seen, tokens), counts = scenario(lambda s: run_rounds(s, 6, 4), inject_ahead_fault=fault)
+    assert tokens == [truth(i) for i in range(len(tokens))]
+    if fault == "wrong_tag":
+        assert not any(ahead for ahead, _, _ in seen) and counts.discarded == 5 and counts.used == 0
+    else:  # the real one is used; 16 mis-tagged copies each round, beyond the inbox bound, are dropped
+        assert [ahead for ahead, _, _ in seen] == [False] + [True] * 5
+        assert counts.discarded >= 5 * 16 - MAX_INBOX
+
+
+def test_wrong_ahead_tokens_are_verified_and_rejected_never_trusted():
+    (seen, tokens), counts = scenario(lambda s: run_rounds(s, 6, 4), inject_ahead_fault="wrong_tokens")
+    assert tokens == [truth(i) for i in range(len(tokens))]
+    assert all(accepted == 0 for ahead, _, accepted in seen if ahead)
+
+
+def test_without_pipelining_nothing_comes_ahead():
+    async def main():
+        async with draft_server() as (address, _):
+            link = DraftLink(address, ServerConfig(), target(), timeout_s=5.0, pipeline=False)
+            session = link.session("r", SamplingParams())
+            seen, _ = await run_rounds(session, 5, 4)
+            session.close(None)
+            await link.close()
+            return seen, session.ahead
+
+    seen, counts = asyncio.run(main())
+    assert not any(ahead for ahead, _, _ in seen) and (counts.used, counts.discarded) == (0, 0)

@@ -1,0 +1,126 @@
+"""One Propose call seen as numbered rounds: each round's block, and the blocks the draft sends ahead.
+
+A reader task takes every message off the stream as it arrives, into a small bounded inbox, so that a
+block the draft drafted ahead (pipelined drafting) is at hand the moment the previous round's outcome
+is known. `ProposeStream.next_block` sends the round's sync (keep_length, append_token_ids, k) and returns
+its block:
+- an ahead block tagged with this round whose assumption is exactly this sync: when it has already
+  arrived, the round waits for no round trip (the draft only confirms it: `answered_ahead`);
+- otherwise the draft's ordinary answer to the round; or, when the draft says an ahead block answered
+  the round but none here matched (a tag that did not parse), no block: the round is a plain step.
+Anything else is discarded and counted: ahead blocks that assumed another outcome of the previous round,
+blocks tagged with another round, and ahead blocks over the inbox bound (a draft that floods the stream
+keeps the verifier's memory bounded). A block is never used for a round whose sync it did not assume.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+
+import grpc
+
+from specdec import metrics
+from specdec.v1 import draft_pb2
+
+MAX_INBOX = 4  # messages held per stream: a round's answer and an ahead block, with room to spare
+
+
+class StreamEnded(Exception):
+    """The draft ended the stream, or it failed; the message says how."""
+
+
+@dataclasses.dataclass
+class AheadCounts:
+    """One sequence's ahead blocks: used (no round trip) and discarded."""
+
+    used: int = 0
+    discarded: int = 0
+
+    def discard(self, why: str) -> None:
+        self.discarded += 1
+        metrics.AHEAD_BLOCKS.labels(outcome=f"discarded_{why}").inc()
+
+
+class ProposeStream:
+    def __init__(self, call, counts: AheadCounts):
+        self.call = call
+        self.counts = counts
+        self.round = 0  # the last round asked for
+        self.answered = 0  # the last round that has its block: later messages for it are stale
+        self.inbox: collections.deque[draft_pb2.ProposeResponse] = collections.deque()
+        self.arrived = asyncio.Event()
+        self.ended: StreamEnded | grpc.aio.AioRpcError | None = None
+        self.reader = asyncio.get_running_loop().create_task(self._read())
+
+    async def _read(self) -> None:
+        try:
+            while (message := await self.call.read()) is not grpc.aio.EOF:
+                if 0 < message.round <= self.answered:  # for a round already answered: stale on arrival
+                    self._drop(message, "other_round")
+                    continue
+                if len(self.inbox) >= MAX_INBOX:
+                    self._drop_stale()
+                if len(self.inbox) >= MAX_INBOX:
+                    if message.HasField("ahead"):
+                        self._drop(message, "over_bound")
+                        continue
+                    self._drop(self.inbox.popleft(), "over_bound")
+                self.inbox.append(message)
+                self.arrived.set()
+            self.ended = StreamEnded("the draft closed the stream")
+        except grpc.aio.AioRpcError as exc:  # raised as it is: its code says whether the draft or the request failed
+            self.ended = exc
+        except (asyncio.CancelledError, asyncio.InvalidStateError, RuntimeError) as exc:
+            self.ended = StreamEnded(f"the draft stream ended: {exc!r}")
+        finally:
+            self.arrived.set()
+
+    def _drop(self, message: draft_pb2.ProposeResponse, why: str) -> None:
+        if message.HasField("ahead"):
+            self.counts.discard(why)
+
+    def _drop_stale(self) -> None:
+        for message in [m for m in self.inbox if 0 < m.round <= self.answered]:
+            self.inbox.remove(message)
+            self._drop(message, "other_round")
+
+    async def next_block(self, keep_length: int, append_token_ids: list[int],
+                         k: int) -> tuple[draft_pb2.ProposeResponse, bool]:
+        """Sync the draft and ask for up to k tokens; (the round's block, whether it came ahead). A block
+        the draft says came ahead but that was discarded here is an empty message."""
+        self.round += 1
+        await self.call.write(draft_pb2.ProposeRequest(next=draft_pb2.NextBlock(
+            keep_length=keep_length, append_token_ids=append_token_ids, num_tokens=k, round=self.round)))
+        while True:
+            while self.inbox:
+                message = self.inbox.popleft()
+                if not message.HasField("ahead"):
+                    if message.round in (self.round, 0):  # 0: a draft that does not number rounds
+                        self.answered = self.round
+                        return message, False
+                    continue  # an answer to an earlier round (the confirmation of an ahead block used)
+                if message.round != self.round:
+                    self.counts.discard("other_round")
+                elif message.ahead.keep_length != keep_length or \
+                        list(message.ahead.append_token_ids) != append_token_ids:
+                    self.counts.discard("missed")
+                else:
+                    self.counts.used += 1
+                    metrics.AHEAD_BLOCKS.labels(outcome="used").inc()
+                    self.answered = self.round
+                    return message, True
+            if self.ended is not None:
+                raise self.ended
+            self.arrived.clear()
+            await self.arrived.wait()
+
+    async def finish(self, keep_length: int, append_token_ids: list[int], timeout_s: float = 5.0) -> None:
+        """The last sync (the whole sequence, no block), then half-close and read the stream to its end."""
+        self.round += 1
+        await asyncio.wait_for(self.call.write(draft_pb2.ProposeRequest(next=draft_pb2.NextBlock(
+            keep_length=keep_length, append_token_ids=append_token_ids, num_tokens=0, round=self.round))),
+            timeout_s)
+        await asyncio.wait_for(self.call.done_writing(), timeout_s)
+        await asyncio.wait_for(asyncio.shield(self.reader), timeout_s)
