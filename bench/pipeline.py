@@ -70,8 +70,8 @@ def split_stack(args, log_dir: pathlib.Path):
     services = []
     try:
         draft_args = ["--model", draft_model if args.method == "model" else args.model, "--method", args.method]
-        if args.method == "model":
-            draft_args += ["--dtype", args.dtype]
+        if args.method == "model":  # a model draft drafts ahead only when told (--propose-ahead)
+            draft_args += ["--dtype", args.dtype, "--propose-ahead", "always"]
         services.append(Service("draft_service", draft_args, {**env, "OMP_NUM_THREADS": threads}, log_dir,
                                 launcher=pin(1)))
         wait_serving(services[0].address, 300, services[0].process)

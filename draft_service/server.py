@@ -67,7 +67,7 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
         key = id(sequence)
         self.live[key] = sequence
         metrics.LIVE_SEQUENCES.set(len(self.live))
-        ahead = DraftAhead(self.config.max_speculative_tokens) if start.pipeline else None
+        ahead = DraftAhead(self.config.max_speculative_tokens) if start.pipeline and self._ahead_pays() else None
         try:
             while (request := await self._receive(requests, context, start.request_id)) is not None:
                 if request.WhichOneof("kind") != "next":
@@ -88,6 +88,11 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
             del self.live[key]
             metrics.LIVE_SEQUENCES.set(len(self.live))
             sequence.close()
+
+    def _ahead_pays(self) -> bool:
+        """--propose-ahead: a proposer that runs on the compute thread (a model) drafts ahead only when told to."""
+        mode = self.config.propose_ahead
+        return mode == "always" or (mode == "cheap" and self.proposer.inline)
 
     async def _receive(self, requests, context, request_id: str):
         """The stream's next message, or None at its end. A stream idle past --sequence-ttl-s is ended."""

@@ -64,8 +64,10 @@ class LatencyProxy:
 
     async def _stop(self) -> None:
         self._server.close()
-        for task in [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]:
+        tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for task in tasks:
             task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _connect(self, client_reader, client_writer) -> None:
         try:

@@ -19,6 +19,7 @@ def stack(request, tiny_pair, tmp_path_factory):
     target, draft = tiny_pair
     method, _, variant = request.param.partition(":")
     draft_args, verifier_args = VARIANTS[variant]
+    draft_args = ["--propose-ahead", "always", *draft_args]  # the model draft pipelines too (default: cheap only)
     with running_stack(target, draft, method=method, draft_args=draft_args, verifier_args=verifier_args,
                        log_dir=tmp_path_factory.mktemp("logs")) as services:
         channel = grpc.insecure_channel(services["gateway"].address)

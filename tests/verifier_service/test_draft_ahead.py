@@ -121,3 +121,18 @@ def test_without_pipelining_nothing_comes_ahead():
 
     seen, counts = asyncio.run(main())
     assert not any(ahead for ahead, _, _ in seen) and (counts.used, counts.discarded) == (0, 0)
+
+
+@pytest.mark.parametrize("mode, inline, drafts_ahead", [
+    ("cheap", True, True), ("cheap", False, False), ("always", False, True), ("never", True, False)])
+def test_propose_ahead_chooses_which_proposers_draft_ahead(mode, inline, drafts_ahead):
+    """--propose-ahead cheap (the default): n-gram and suffix (inline, microseconds) draft ahead; a model draft,
+    whose ahead block would delay its answer to every miss, does so only with `always`."""
+    import types
+
+    from draft_service.config import DraftConfig
+    from draft_service.server import DraftServicer
+    from tests.draft_service.inprocess import INFO
+
+    servicer = DraftServicer(types.SimpleNamespace(inline=inline, method="x"), INFO, DraftConfig(propose_ahead=mode))
+    assert servicer._ahead_pays() is drafts_ahead

@@ -17,7 +17,7 @@ from specdec.sampling import SamplingParams, probs_from_logits
 from specdec.v1 import common_pb2
 from tests.draft_service.inprocess import draft_server
 from specdec.testing import pooled_chi_square_p_value
-from tests.verifier_service.test_rejection_sampler import ENGINE_VOCAB
+from tests.verifier_service.test_rejection_sampler import ENGINE_VOCAB, build_small_vocab_pair
 from verifier_service.decode_loop import DecodeSpec
 from verifier_service.draft_client import DraftLink
 from verifier_service.engine import TransformersEngine
@@ -47,7 +47,7 @@ async def sample_three(target, draft, prompt):
     engine = TransformersEngine(target)
     counts = torch.zeros(3, ENGINE_VOCAB)
     used = 0
-    async with draft_server(proposer=ModelProposer(draft), info=INFO) as (address, _):
+    async with draft_server(proposer=ModelProposer(draft), info=INFO, propose_ahead="always") as (address, _):
         link = DraftLink(address, ServerConfig(), INFO, timeout_s=10.0)
         for i in range(SAMPLES):
             params = SamplingParams(temperature=1.0, seed=i)
@@ -72,14 +72,7 @@ async def sample_three(target, draft, prompt):
 @pytest.fixture(scope="module")
 def peaked_pair(tmp_path_factory):
     """A target peaked enough that the draft's guess of its next token often comes true, and a draft close to it."""
-    from specdec.models import load_causal_lm
-    from specdec.testing import build_tiny_model
-
-    root = tmp_path_factory.mktemp("peaked")
-    target = build_tiny_model(root / "t", ENGINE_VOCAB, eos_token_id=ENGINE_VOCAB - 1, seed=5, init_range=0.5)
-    build_tiny_model(root / "d", ENGINE_VOCAB, eos_token_id=ENGINE_VOCAB - 1, seed=6, noise_from=target, noise=0.05,
-                     init_range=0.5)
-    return load_causal_lm(str(root / "t")), load_causal_lm(str(root / "d"))
+    return build_small_vocab_pair(tmp_path_factory.mktemp("peaked"), seed=5, noise=0.05, init_range=0.5)
 
 
 @pytest.mark.slow

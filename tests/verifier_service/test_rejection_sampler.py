@@ -131,18 +131,23 @@ ENGINE_VOCAB = 12
 ENGINE_SAMPLES = 800  # the exact samplers pass at p > 1e-3; the wrong one is caught with 1500 (its own test)
 
 
-@pytest.fixture(scope="module")
-def small_vocab_pair(tmp_path_factory):
-    """A target and a noisy draft over a 12-token vocabulary, so that histograms are well filled."""
+def build_small_vocab_pair(root, seed: int, noise: float, init_range: float):
+    """(target, draft) models over a 12-token vocabulary, the draft the target plus `noise`."""
     from specdec.models import load_causal_lm
     from specdec.testing import build_tiny_model
 
-    root = tmp_path_factory.mktemp("small-vocab")
-    # a small init keeps p spread over many tokens; heavy noise makes q overlap p by about half
-    target = build_tiny_model(root / "t", ENGINE_VOCAB, eos_token_id=ENGINE_VOCAB - 1, seed=3, init_range=0.1)
-    build_tiny_model(root / "d", ENGINE_VOCAB, eos_token_id=ENGINE_VOCAB - 1, seed=4, noise_from=target, noise=3.0,
-                     init_range=0.1)
+    target = build_tiny_model(root / "t", ENGINE_VOCAB, eos_token_id=ENGINE_VOCAB - 1, seed=seed,
+                              init_range=init_range)
+    build_tiny_model(root / "d", ENGINE_VOCAB, eos_token_id=ENGINE_VOCAB - 1, seed=seed + 1, noise_from=target,
+                     noise=noise, init_range=init_range)
     return load_causal_lm(str(root / "t")), load_causal_lm(str(root / "d"))
+
+
+@pytest.fixture(scope="module")
+def small_vocab_pair(tmp_path_factory):
+    """A target and a noisy draft over a 12-token vocabulary, so that histograms are well filled: a small init
+    keeps p spread over many tokens; heavy noise makes q overlap p by about half."""
+    return build_small_vocab_pair(tmp_path_factory.mktemp("small-vocab"), seed=3, noise=3.0, init_range=0.1)
 
 
 def two_token_marginals(model, prompt, params):

@@ -44,12 +44,13 @@ def pair(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def stack(pair, tmp_path_factory):
+def stack(pair, reference_job, tmp_path_factory):
     if not pathlib.Path(VLLM_PYTHON).exists():
         pytest.fail(f"{VLLM_PYTHON} is missing: run `make setup-vllm` (or set SPECDEC_VLLM_PYTHON)")
     target, draft = pair
     env = {"VLLM_CACHE_ROOT": str(tmp_path_factory.mktemp("vllm-cache"))}
-    with running_stack(target, draft, method="model", verifier_args=["--engine", "vllm", "--draft-timeout-ms", "10000",
+    with running_stack(target, draft, method="model", draft_args=["--propose-ahead", "always"],
+                       verifier_args=["--engine", "vllm", "--draft-timeout-ms", "10000",
                                                                   "--spec-max-concurrency", "4"],
                        verifier_python=VLLM_PYTHON, env=env, timeout_s=240,
                        log_dir=tmp_path_factory.mktemp("logs")) as services:
@@ -63,16 +64,28 @@ def tokenizer(pair):
 
 
 @pytest.fixture(scope="module")
-def reference(pair, tokenizer, tmp_path_factory):
-    """vLLM's own greedy output, no speculative config, in a separate vLLM process."""
+def reference_job(pair, tokenizer, tmp_path_factory):
+    """vLLM's own greedy output, no speculative config, in a separate vLLM process, started before the stack so
+    that the two start up side by side."""
     work = tmp_path_factory.mktemp("reference")
     (work / "prompts.json").write_text(json.dumps([tokenizer.encode(p, add_special_tokens=False) for p in PROMPTS]))
     eos = [str(tokenizer.convert_tokens_to_ids("<|im_end|>"))]
-    subprocess.run([VLLM_PYTHON, str(REPO_ROOT / "tools" / "vllm_generate.py"), "--model", str(pair[0]),
-                    "--prompts", str(work / "prompts.json"), "--out", str(work / "out.json"),
-                    "--max-tokens", str(MAX_TOKENS), "--eos", *eos],
-                   check=True, cwd=REPO_ROOT, timeout=240, capture_output=True,
-                   env={**os.environ, "VLLM_CACHE_ROOT": str(work / "cache")})
+    process = subprocess.Popen([VLLM_PYTHON, str(REPO_ROOT / "tools" / "vllm_generate.py"), "--model", str(pair[0]),
+                                "--prompts", str(work / "prompts.json"), "--out", str(work / "out.json"),
+                                "--max-tokens", str(MAX_TOKENS), "--eos", *eos],
+                               cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                               env={**os.environ, "VLLM_CACHE_ROOT": str(work / "cache")})
+    yield process, work
+    if process.poll() is None:
+        process.kill()
+        process.wait()
+
+
+@pytest.fixture(scope="module")
+def reference(reference_job):
+    process, work = reference_job
+    _, stderr = process.communicate(timeout=240)
+    assert process.returncode == 0, stderr.decode(errors="replace")[-3000:]
     return dict(zip(PROMPTS, json.loads((work / "out.json").read_text())))
 
 
