@@ -54,8 +54,10 @@ def test_speculation_off_drafts_nothing(stack):
 
 
 def test_seed_makes_sampling_reproducible(stack):
+    """With an explicit k, as the seed's contract says (an adaptive k follows server-wide state: docs/reliability.md)."""
     _method, _services, gateway = stack
-    request = gateway_pb2.GenerateRequest(prompt="Hello", max_tokens=20, temperature=1.0, seed=42)
+    request = gateway_pb2.GenerateRequest(prompt="Hello", max_tokens=20, temperature=1.0, seed=42,
+                                          num_speculative_tokens=4)
     assert gateway.Generate(request).token_ids == gateway.Generate(request).token_ids
 
 
