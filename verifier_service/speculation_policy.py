@@ -79,6 +79,15 @@ class RoundCost:
         b = max(0.0, sum((k - mean_k) * (t - mean_t) for k, t in points) / var)
         return max(mean_t - b * mean_k, 1e-9), b
 
+    def times(self, max_k: int) -> list[float] | None:
+        """time(k) for k = 0..max_k, each line fitted once; None before any round was timed."""
+        if self.time(0) is None:
+            return None
+        plain = self.time(0)
+        drafted_sizes = sum(1 for n, e in self.seconds.items() if n and e.value is not None)
+        a, b = self.line(drafted_only=drafted_sizes >= 2)
+        return [plain] + [a + b * k for k in range(1, max_k + 1)]
+
     def time(self, k: int) -> float | None:
         """The predicted wall time of a round that verifies k draft tokens; None before any was timed.
 
@@ -122,10 +131,11 @@ class SpeculationPolicy:
 
     def best_k(self) -> int:
         """The k with the most expected tokens per second; 0 when no block beats a plain step."""
-        if self.cost.time(0) is None:
+        times = self.cost.times(self.max_k)
+        if times is None:
             return self.k
         alpha = min(self.alpha(), 0.999)
-        return max(range(self.max_k + 1), key=lambda k: (expected_tokens(alpha, k) / self.cost.time(k), -k))
+        return max(range(self.max_k + 1), key=lambda k: (expected_tokens(alpha, k) / times[k], -k))
 
     def block_size(self, remaining_tokens: int, remaining_context: int, live_sequences: int = 1) -> int:
         """k for the next round; 0 decodes without speculation."""
