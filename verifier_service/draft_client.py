@@ -221,10 +221,11 @@ class DraftSession:
             block = self._block(response, k, ahead)
         except DraftUnavailable as exc:
             if ahead:  # the draft answered this round with it: verify no block, the next sync rolls it back
-                self.ahead.used -= 1
                 self.ahead.discard("invalid")
                 return DraftBlock.empty(), "ahead_invalid"
             return self._give_up(str(exc))
+        if ahead:
+            self.ahead.use()
         self.link.backoff.succeeded()
         return block, ""
 

@@ -38,6 +38,10 @@ class AheadCounts:
     used: int = 0
     discarded: int = 0
 
+    def use(self) -> None:
+        self.used += 1
+        metrics.AHEAD_BLOCKS.labels(outcome="used").inc()
+
     def discard(self, why: str) -> None:
         self.discarded += 1
         metrics.AHEAD_BLOCKS.labels(outcome=f"discarded_{why}").inc()
@@ -106,9 +110,7 @@ class ProposeStream:
                 elif message.ahead.keep_length != keep_length or \
                         list(message.ahead.append_token_ids) != append_token_ids:
                     self.counts.discard("missed")
-                else:
-                    self.counts.used += 1
-                    metrics.AHEAD_BLOCKS.labels(outcome="used").inc()
+                else:  # the caller counts it used once its tokens check out (AheadCounts.use)
                     self.answered = self.round
                     return message, True
             if self.ended is not None:
