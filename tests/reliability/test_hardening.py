@@ -234,8 +234,9 @@ def test_zz_the_gateway_is_usable_after_all_of_the_above(stack, gateway):
 
 def test_an_oversized_input_storm_costs_the_gateway_nothing(stack):
     """8 concurrent 4 MB prompts, then 8 concurrent 15 M-id prompts (15 MB each, under gRPC's 16 MiB cap):
-    all INVALID_ARGUMENT within 1 s, refused by size before any parse or tokenization; gateway health answers
-    within 100 ms throughout, and its RSS rises by less than 100 MB."""
+    all refused for their size (INVALID_ARGUMENT unread; RESOURCE_EXHAUSTED by gRPC for 15 MB) within 1 s over
+    what a bare gRPC server takes to refuse the same bytes, before any parse or tokenization; gateway health
+    answers within 100 ms throughout, and its RSS rises by less than 100 MB."""
     from tools.oversize_storm import passed, storm
 
     result = storm(stack.gateway.address, stack.gateway.process.pid,
