@@ -13,9 +13,13 @@ the workloads' chat-formatted prompts, in the same order) at each round-trip del
     serial     the adaptive policy; every round waits for its block: draft + round trip
     pipelined  the adaptive policy; a round whose outcome the draft guessed finds its block already there
 
-Per (delay, workload, mode): tokens/s (completion tokens over request wall time, summed over prompts),
-speedup against off at the same delay, mean round time (wall time / rounds), hit rate (rounds served by a
+Per (delay, workload, mode): tokens/s (completion tokens over request wall time, summed over prompts and
+--repeats; the modes take turns within each repeat, so a slow spell of the machine falls on all three),
+speedup against off, mean round time (wall time / rounds), hit rate (rounds served by a
 block drafted ahead / rounds with a draft block), acceptance, and rounds that fell back to plain decoding.
+Off never reaches the draft, so the round trip cannot change it: its runs at every delay are one
+measurement, pooled per workload, and every speedup of a workload is against that one baseline (each
+delay's own off row is kept beside it, to show the machine's drift).
 --concurrency N sends N requests at a time (aggregate tokens/s). --pin-cores puts the verifiers on core 0
 and the draft on core 1 (taskset), one thread each. Writes bench/results/pipeline/<name>.json and .png.
 """
@@ -54,6 +58,7 @@ def parse_args(argv=None):
     parser.add_argument("--prompts-per-workload", type=int, default=6)
     parser.add_argument("--max-tokens", type=int, default=64, help="cap on every prompt's max_tokens")
     parser.add_argument("--concurrency", type=int, default=1, help="requests in flight at once")
+    parser.add_argument("--repeats", type=int, default=2, help="runs of each (delay, workload, mode), interleaved")
     parser.add_argument("--pin-cores", action="store_true", help="verifiers on core 0, draft on core 1 (taskset)")
     parser.add_argument("--name", default="", help="results name (default: <method>-c<concurrency>)")
     parser.add_argument("--results-dir", default="bench/results/pipeline")
@@ -130,12 +135,21 @@ def run_mode(address: str, batch: list[tuple[list[int], int]], k: int | None, co
     return total
 
 
+def pooled(runs: list[dict]) -> dict:
+    """Counts and times of several runs, summed."""
+    return {key: sum(r[key] for r in runs) for key in runs[0]}
+
+
+def tokens_per_s(measured: dict, concurrency: int) -> float:
+    """One stream's speed (tokens over request time); with several in flight, aggregate (over the wall)."""
+    return measured["tokens"] / (measured["seconds"] if concurrency == 1 else measured["wall"])
+
+
 def row(delay: float, workload: str, mode: str, measured: dict, off: dict, concurrency: int) -> dict:
-    # tokens/s: one stream's speed (tokens over request time); with several in flight, aggregate (over the wall)
-    tps = measured["tokens"] / (measured["seconds"] if concurrency == 1 else measured["wall"])
-    off_tps = off["tokens"] / (off["seconds"] if concurrency == 1 else off["wall"])
+    tps = tokens_per_s(measured, concurrency)
     return {"rtt_ms": delay, "workload": workload, "mode": mode, "tokens_per_s": round(tps, 2),
-            "speedup": round(tps / off_tps, 3), "round_ms": round(1000 * measured["seconds"] / measured["rounds"], 1),
+            "speedup": round(tps / tokens_per_s(off, concurrency), 3),
+            "round_ms": round(1000 * measured["seconds"] / measured["rounds"], 1),
             "hit_rate": round(measured["ahead_used"] / measured["drafts"], 3) if measured["drafts"] else 0.0,
             "acceptance": round(measured["accepted"] / measured["draft_tokens"], 3) if measured["draft_tokens"] else 0,
             "fallback_rounds": measured["fallback"], "rounds": measured["rounds"], "drafts": measured["drafts"],
@@ -143,23 +157,36 @@ def row(delay: float, workload: str, mode: str, measured: dict, off: dict, concu
 
 
 def sweep(args, proxy, verifiers, batches) -> list[dict]:
-    rows = []
+    """Every (delay, workload, mode), --repeats times with the modes taking turns; rows with pooled speedups."""
+    from tqdm import tqdm
+
+    runs: dict[tuple[float, str, str], list[dict]] = {}
     delays = [float(d) for d in args.delays.split(",")]
-    for i, delay in enumerate(delays):
+    for workload, batch in batches.items():  # warm-up: the first forwards, and the policy's server-wide round costs
+        for mode in MODES:
+            run_mode(verifiers["serial" if mode == "off" else mode], batch[:2], 0 if mode == "off" else None,
+                     args.concurrency)
+    steps = [(delay, workload, rep) for delay in delays for workload in batches for rep in range(args.repeats)]
+    for n, (delay, workload, rep) in enumerate(tqdm(steps, desc="pipeline sweep", unit="step")):
         proxy.delay_ms = delay / 2
-        for workload, batch in batches.items():
-            # warm up both verifiers at this delay: the adaptive policy measures round time server-wide
-            for mode in ("serial", "pipelined"):
-                run_mode(verifiers[mode], batch[:2], None, args.concurrency)
-            off = run_mode(verifiers["serial"], batch, 0, args.concurrency)
-            rows.append(row(delay, workload, "off", off, off, args.concurrency))
-            for mode in (("serial", "pipelined") if i % 2 == 0 else ("pipelined", "serial")):
-                measured = run_mode(verifiers[mode], batch, None, args.concurrency)
-                rows.append(row(delay, workload, mode, measured, off, args.concurrency))
+        order = MODES[n % 3:] + MODES[:n % 3]  # rotate which mode runs first
+        for mode in order:
+            measured = run_mode(verifiers["serial" if mode == "off" else mode], batches[workload],
+                                0 if mode == "off" else None, args.concurrency)
+            runs.setdefault((delay, workload, mode), []).append(measured)
+    rows = []
+    for workload in batches:
+        off = pooled([r for (_, w, mode), rs in runs.items() if w == workload and mode == "off" for r in rs])
+        for delay in delays:
+            for mode in MODES:
+                rows.append(row(delay, workload, mode, pooled(runs[(delay, workload, mode)]), off, args.concurrency))
+                rows[-1]["runs_tokens_per_s"] = [round(tokens_per_s(r, args.concurrency), 2)
+                                                 for r in runs[(delay, workload, mode)]]
                 print(f"rtt {delay:g} ms {workload:<12} {mode:<9} {rows[-1]['tokens_per_s']:6.2f} tok/s "
-                      f"speedup {rows[-1]['speedup']:.2f}x round {rows[-1]['round_ms']:.0f} ms "
-                      f"hit rate {rows[-1]['hit_rate']:.2f} fallback {rows[-1]['fallback_rounds']}", flush=True)
-    return sorted(rows, key=lambda r: (r["workload"], r["rtt_ms"], MODES.index(r["mode"])))
+                      f"(runs {rows[-1]['runs_tokens_per_s']}) speedup {rows[-1]['speedup']:.2f}x "
+                      f"round {rows[-1]['round_ms']:.0f} ms hit rate {rows[-1]['hit_rate']:.2f} "
+                      f"fallback {rows[-1]['fallback_rounds']}", flush=True)
+    return rows
 
 
 def summary(rows: list[dict]) -> dict:
@@ -221,7 +248,8 @@ def main(argv=None) -> int:
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "model": args.model, "dtype": args.dtype, "method": args.method, "draft_model": args.draft_model,
         "concurrency": args.concurrency, "pin_cores": args.pin_cores, "workloads": args.workloads,
-        "prompts_per_workload": args.prompts_per_workload, "max_tokens": args.max_tokens,
+        "prompts_per_workload": args.prompts_per_workload, "max_tokens": args.max_tokens, "repeats": args.repeats,
+        "baseline": "off pooled over every delay per workload (off never reaches the draft)",
         "machine": machine_info(1 if args.pin_cores else args.threads, "PASSIVE"),
         "wall_s": round(time.perf_counter() - started, 1), "rows": rows, "summary": summary(rows),
     }

@@ -19,7 +19,11 @@ verifies k draft tokens (forward pass, draft wait, transport), k = 0 being a pla
   copies its input, which the i.i.d. model underrates), as long as the model says drafting pays;
 - k* = 0 turns speculation off ("not_paying"). The request then drafts again only after a
   cool-down (8 plain rounds, doubling up to 256 each time the retry also loses), with a small
-  probe block, so a request that reaches a copy-heavy stretch later can still win;
+  probe block, so a request that reaches a copy-heavy stretch later can still win. A retry pays
+  only if its round beat plain steps in time, not merely if its block was accepted: a draft as
+  slow as the target has every block accepted and still loses. Where the measured round times
+  say that even blocks accepted whole would lose (a slow or far draft), the cool-down is the
+  longest at once: every retry would cost a draft round for nothing;
 - speculation turns off while more sequences are live than `max_concurrency` (the target has no
   spare compute to verify with), and back on when load drops.
 Every choice is lossless: k only changes how fast tokens arrive.
@@ -37,6 +41,7 @@ PRIOR_ALPHA = 0.5  # acceptance assumed before any draft has been verified
 PRIOR_SLOPE = 0.1  # T(k) = T(0) (1 + 0.1 k) until rounds at two block sizes have been measured
 COOLDOWN_ROUNDS = 8  # plain rounds before speculation is retried (doubles on each failed retry)
 MAX_COOLDOWN_ROUNDS = 256
+HOPELESS_AFTER_ROUNDS = 8  # drafted rounds measured server-wide before blocks may be judged unable to pay
 PROBE_K = 1  # the block a retry drafts
 DECAY = 0.9  # a request's acceptance counts fade by this per drafted round, so it follows the text
 
@@ -44,9 +49,11 @@ DECAY = 0.9  # a request's acceptance counts fade by this per drafted round, so 
 @dataclasses.dataclass
 class Ewma:
     value: float | None = None
+    samples: int = 0
 
     def add(self, sample: float) -> None:
         self.value = sample if self.value is None else (1 - EWMA) * self.value + EWMA * sample
+        self.samples += 1
 
 
 class RoundCost:
@@ -87,6 +94,20 @@ class RoundCost:
         drafted_sizes = sum(1 for n, e in self.seconds.items() if n and e.value is not None)
         a, b = self.line(drafted_only=drafted_sizes >= 2)
         return [plain] + [a + b * k for k in range(1, max_k + 1)]
+
+    def hopeless(self, max_k: int) -> bool:
+        """Whether blocks lose even when accepted whole: (k + 1) tokens per T(k) never beat 1 per T(0).
+        Judged only once enough drafted rounds were timed."""
+        drafted = sum(e.samples for n, e in self.seconds.items() if n)
+        times = self.times(max_k)
+        if times is None or drafted < HOPELESS_AFTER_ROUNDS:
+            return False
+        return all((k + 1) / times[k] <= 1 / times[0] for k in range(1, max_k + 1))
+
+    def beat_plain(self, num_accepted: int, round_s: float) -> bool:
+        """Whether a drafted round emitted its tokens faster than plain steps would have."""
+        plain = self.time(0)
+        return plain is None or round_s <= (num_accepted + 1) * plain
 
     def time(self, k: int) -> float | None:
         """The predicted wall time of a round that verifies k draft tokens; None before any was timed.
@@ -156,6 +177,8 @@ class SpeculationPolicy:
                 # Hugging Face's heuristic does, even past what the i.i.d. model predicts.
                 k = max(k, min(self.max_k, self.streak + 2))
             if k == 0:
+                if self.cost.hopeless(self.max_k):
+                    self.next_cooldown = MAX_COOLDOWN_ROUNDS
                 self.cooldown = self.next_cooldown
                 self.next_cooldown = min(MAX_COOLDOWN_ROUNDS, self.next_cooldown * 2)
                 self.off_reason = "not_paying"
@@ -172,5 +195,5 @@ class SpeculationPolicy:
         self.streak = num_draft_tokens if num_accepted == num_draft_tokens else 0
         if self.probing:
             self.probing = False
-            if num_accepted == num_draft_tokens:
+            if num_accepted == num_draft_tokens and self.cost.beat_plain(num_accepted, round_s):
                 self.next_cooldown = COOLDOWN_ROUNDS  # the retry paid: back to short cool-downs

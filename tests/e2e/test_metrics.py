@@ -3,19 +3,18 @@
 The spec_decode_* counters use vLLM's names and conventions. The verifier owns
 them and counts them round by round; the gateway does not count them again (a
 Prometheus sum over jobs must not double-count); the draft counts the tokens it
-proposed. A fresh stack per module, so every counter starts at zero.
+proposed. The requests run on the session's model-draft stack (conftest.py), which other modules use too:
+every figure checked is the change over these requests, /metrics scraped before and after.
 """
 
 from __future__ import annotations
 
-import grpc
 import pytest
 
-from specdec.stack import running_stack
 from specdec.stack import scrape_metrics as scrape
-from specdec.v1 import gateway_pb2, gateway_pb2_grpc
+from specdec.v1 import gateway_pb2
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.parametrize("stack", ["model"], indirect=True)]
 
 REQUESTS = [
     dict(prompt="The quick brown fox jumps over the lazy dog. The quick", max_tokens=24, num_speculative_tokens=4),
@@ -34,18 +33,35 @@ def per_position(samples: dict) -> dict[int, float]:
             if name == "spec_decode_num_accepted_tokens_per_pos_total" and v}
 
 
+def change(after: dict, before: dict) -> dict:
+    """Every sample's increase (counters and histograms only grow; a sample new since `before` counts whole)."""
+    return {key: v - before.get(key, 0.0) for key, v in after.items()}
+
+
+def settled_scrape(services, wait_s: float = 10.0) -> dict:
+    """/metrics per service once the draft's counters have stopped moving: a stream the verifier half-closed
+    after an earlier module's request may still be draining in the draft."""
+    import time
+
+    deadline, last = time.monotonic() + wait_s, None
+    while True:
+        now = {name: scrape(service.metrics_port) for name, service in services.items()}
+        if now == last or time.monotonic() > deadline:
+            return now
+        last = now
+        time.sleep(0.5)
+
+
 @pytest.fixture(scope="module")
-def scraped(tiny_pair, tmp_path_factory):
-    """Send a few requests (unary and streamed); return (final statistics per request, /metrics per service)."""
-    target, draft = tiny_pair
-    # a generous draft timeout: on a busy machine a late block would fall back, which is right but not tested here
-    with running_stack(target, draft, method="model", verifier_args=["--draft-timeout-ms", "10000"],
-                       log_dir=tmp_path_factory.mktemp("logs")) as services:
-        with grpc.insecure_channel(services["gateway"].address) as channel:
-            gateway = gateway_pb2_grpc.GatewayStub(channel)
-            finals = [gateway.Generate(gateway_pb2.GenerateRequest(**r), timeout=60) for r in REQUESTS]
-            finals.append(list(gateway.GenerateStream(gateway_pb2.GenerateRequest(**REQUESTS[0]), timeout=60))[-1])
-        yield finals, {name: scrape(service.metrics_port) for name, service in services.items()}
+def scraped(stack):
+    """Send a few requests (unary and streamed); return (final statistics per request, /metrics change per
+    service over them)."""
+    _method, services, gateway = stack
+    before = settled_scrape(services)
+    finals = [gateway.Generate(gateway_pb2.GenerateRequest(**r), timeout=60) for r in REQUESTS]
+    finals.append(list(gateway.GenerateStream(gateway_pb2.GenerateRequest(**REQUESTS[0]), timeout=60))[-1])
+    after = settled_scrape(services)
+    return finals, {name: change(after[name], before[name]) for name in services}
 
 
 def expected(finals) -> dict:

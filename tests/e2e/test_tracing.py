@@ -69,8 +69,8 @@ def receiver():
 
 
 @pytest.fixture(scope="module")
-def traced(receiver, tiny_pair, tmp_path_factory):
-    """Run one Generate through the real processes; return (response, spans of its trace, all spans)."""
+def traced_stack(receiver, tiny_pair, tmp_path_factory):
+    """One stack for the module, exporting to the receiver; each test's request has a trace of its own."""
     target, draft = tiny_pair
     env = {
         "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{receiver.port}",
@@ -80,20 +80,39 @@ def traced(receiver, tiny_pair, tmp_path_factory):
     # a generous draft timeout: a block that comes too late (a busy machine) would reopen the draft stream
     with running_stack(target, draft, method="model", env=env, verifier_args=["--draft-timeout-ms", "10000"],
                        log_dir=tmp_path_factory.mktemp("logs")) as services:
-        with grpc.insecure_channel(services["gateway"].address) as channel:
-            response = gateway_pb2_grpc.GatewayStub(channel).Generate(gateway_pb2.GenerateRequest(
-                prompt=PROMPT, max_tokens=24, num_speculative_tokens=4), timeout=60)
-        root = wait_for_trace(receiver, timeout_s=15)
-        live = wait_for_parents(receiver, root.trace_id, timeout_s=3)
-    # the services flushed on shutdown too; take everything that arrived
-    spans = receiver.snapshot()
-    trace_id = root.trace_id
-    return Traced(response, [(svc, s) for svc, s in spans if s.trace_id == trace_id], spans, live)
+        yield services
+
+
+def settled(receiver: OtlpReceiver, trace_id: bytes, quiet_s: float = 1.0, timeout_s: float = 10.0) -> list:
+    """The trace's spans once no new one has arrived for quiet_s (5 export periods): the draft's stream span
+    ends when the verifier half-closes it, after the response."""
+    deadline = time.monotonic() + timeout_s
+    count, since = -1, time.monotonic()
+    while time.monotonic() < deadline:
+        spans = [(svc, s) for svc, s in receiver.snapshot() if s.trace_id == trace_id]
+        if len(spans) != count:
+            count, since = len(spans), time.monotonic()
+        elif time.monotonic() - since >= quiet_s:
+            break
+        time.sleep(0.1)
+    return spans
+
+
+@pytest.fixture(scope="module")
+def traced(receiver, traced_stack):
+    """Run one Generate through the real processes; return (response, spans of its trace, all spans)."""
+    with grpc.insecure_channel(traced_stack["gateway"].address) as channel:
+        response = gateway_pb2_grpc.GatewayStub(channel).Generate(gateway_pb2.GenerateRequest(
+            prompt=PROMPT, max_tokens=24, num_speculative_tokens=4), timeout=60)
+    root = wait_for_trace(receiver, timeout_s=15)
+    live = wait_for_parents(receiver, root.trace_id, timeout_s=3)
+    trace_spans = settled(receiver, root.trace_id)
+    return Traced(response, trace_spans, receiver.snapshot(), live)
 
 
 class Traced(typing.NamedTuple):
     response: gateway_pb2.GenerateResponse
-    trace_spans: list  # [(service, span)] of the request's trace, after the services stopped
+    trace_spans: list  # [(service, span)] of the request's trace, once no more arrive
     all_spans: list  # every span received
     live_trace_spans: list  # the request's trace as it stood while the services were still running
 
@@ -229,30 +248,25 @@ HTTP_PROMPT = "HTTP tracing: def add(a, b):"
 
 
 @pytest.fixture(scope="module")
-def http_traced(receiver, tiny_pair, tmp_path_factory):
+def http_traced(receiver, traced_stack):
     """One /v1/completions request through the real processes; (its usage, the spans of its trace)."""
     import openai
 
-    target, draft = tiny_pair
-    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{receiver.port}", "OTEL_EXPORTER_OTLP_INSECURE": "true",
-           "OTEL_BSP_SCHEDULE_DELAY": "200"}
-    with running_stack(target, draft, method="model", env=env, verifier_args=["--draft-timeout-ms", "10000"],
-                       log_dir=tmp_path_factory.mktemp("logs")) as services:
-        base_url = f"http://127.0.0.1:{services['gateway'].http_port}/v1"
-        with openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0) as client:
-            model = client.models.list().data[0].id
-            completion = client.completions.create(model=model, prompt=HTTP_PROMPT, max_tokens=16, temperature=0,
-                                                   extra_body={"num_speculative_tokens": 3})
-        deadline = time.monotonic() + 15
-        while True:
-            spans = receiver.snapshot()
-            roots = [s for svc, s in spans if svc == GATEWAY and s.kind == SERVER and s.name == "POST /v1/completions"]
-            trace_spans = [(svc, s) for svc, s in spans if roots and s.trace_id == roots[0].trace_id]
-            if {svc for svc, s in trace_spans if s.kind == SERVER} >= {GATEWAY, VERIFIER, DRAFT}:
-                break
-            assert time.monotonic() < deadline, f"no complete HTTP trace: {sorted({(svc, s.name) for svc, s in spans})}"
-            time.sleep(0.1)
-        return completion.usage, wait_for_parents(receiver, roots[0].trace_id, timeout_s=3)
+    base_url = f"http://127.0.0.1:{traced_stack['gateway'].http_port}/v1"
+    with openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0) as client:
+        model = client.models.list().data[0].id
+        completion = client.completions.create(model=model, prompt=HTTP_PROMPT, max_tokens=16, temperature=0,
+                                               extra_body={"num_speculative_tokens": 3})
+    deadline = time.monotonic() + 15
+    while True:
+        spans = receiver.snapshot()
+        roots = [s for svc, s in spans if svc == GATEWAY and s.kind == SERVER and s.name == "POST /v1/completions"]
+        trace_spans = [(svc, s) for svc, s in spans if roots and s.trace_id == roots[0].trace_id]
+        if {svc for svc, s in trace_spans if s.kind == SERVER} >= {GATEWAY, VERIFIER, DRAFT}:
+            break
+        assert time.monotonic() < deadline, f"no complete HTTP trace: {sorted({(svc, s.name) for svc, s in spans})}"
+        time.sleep(0.1)
+    return completion.usage, wait_for_parents(receiver, roots[0].trace_id, timeout_s=3)
 
 
 def test_one_http_request_is_one_trace_through_all_three_services(http_traced):

@@ -2,7 +2,14 @@
 
 import pytest
 
-from verifier_service.speculation_policy import COOLDOWN_ROUNDS, PROBE_K, RoundCost, SpeculationPolicy
+from verifier_service.speculation_policy import (
+    COOLDOWN_ROUNDS,
+    HOPELESS_AFTER_ROUNDS,
+    MAX_COOLDOWN_ROUNDS,
+    PROBE_K,
+    RoundCost,
+    SpeculationPolicy,
+)
 
 
 def cost_of(a: float, b: float, acceptance: float | None = None) -> RoundCost:
@@ -107,3 +114,38 @@ def test_a_fixed_cost_per_drafted_round_is_counted_in_full():
         near.observe(4, 0, 0.100 + 4 * 0.005)
     near.acceptance[True].value = 0.25
     assert SpeculationPolicy(default_k=4, max_k=16, cost=near).block_size(1000, 1000) > 0
+
+
+def test_a_draft_as_slow_as_the_target_stays_off_although_every_block_is_accepted():
+    """The model draft is the target's own size: every block is accepted, but a round with k drafted
+    tokens takes about k + 1.5 plain steps (the draft's k forwards, then the verification). A probe that
+    is accepted whole but slower than plain steps is not a retry that paid; and once the times show that
+    even blocks accepted whole lose, the cool-down is the longest at once."""
+    plain = 0.1
+    cost = RoundCost()
+    for _ in range(3):
+        cost.observe(0, 0, plain)
+    policy = SpeculationPolicy(default_k=4, max_k=8, cost=cost)
+    for _ in range(HOPELESS_AFTER_ROUNDS):  # the first requests draft and lose, each block accepted whole
+        cost.observe(1, 1, 2.5 * plain)
+        cost.observe(4, 4, 5.5 * plain)
+    assert cost.hopeless(8)
+    assert not cost.beat_plain(1, 2.5 * plain) and cost.beat_plain(1, 1.5 * plain)
+    assert policy.block_size(1000, 1000) == 0 and policy.cooldown == MAX_COOLDOWN_ROUNDS
+
+
+def test_an_accepted_probe_that_was_slower_than_plain_steps_lengthens_the_cool_down():
+    cost = cost_of(0.07, 0.025, acceptance=0.2)
+    policy = SpeculationPolicy(default_k=4, max_k=16, cost=cost)
+    assert policy.block_size(1000, 1000) == 0
+    for _ in range(COOLDOWN_ROUNDS):
+        policy.block_size(1000, 1000)
+    assert policy.block_size(1000, 1000) == PROBE_K
+    policy.observe(PROBE_K, PROBE_K, 0.07 * 3)  # accepted, but 2 tokens in 3 plain steps' time
+    assert policy.next_cooldown == 2 * COOLDOWN_ROUNDS
+    fast = SpeculationPolicy(default_k=4, max_k=16, cost=cost)
+    fast.block_size(1000, 1000)
+    for _ in range(COOLDOWN_ROUNDS + 1):
+        fast.block_size(1000, 1000)
+    fast.observe(PROBE_K, PROBE_K, 0.09)  # accepted and 2 tokens in 1.3 plain steps' time: it paid
+    assert fast.next_cooldown == COOLDOWN_ROUNDS

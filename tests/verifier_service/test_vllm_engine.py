@@ -8,45 +8,34 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
-import json
-import os
-import pathlib
 import statistics
-import subprocess
 import time
 
 import grpc
 import pytest
 import torch
 
-from specdec.models import load_causal_lm, load_tokenizer
-from specdec.stack import REPO_ROOT, running_stack, scrape_metrics
-from specdec.testing import VLLM_TINY_SHAPE, build_tiny_pair, pooled_chi_square_p_value
+from specdec.models import load_causal_lm
+from specdec.stack import running_stack, scrape_metrics
+from specdec.testing import pooled_chi_square_p_value
 from specdec.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc, verifier_pb2, verifier_pb2_grpc
+from tests.verifier_service.vllm_support import REFERENCE_MAX_TOKENS, TEXT_PROMPTS, VLLM_PYTHON, need_vllm
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
-VLLM_PYTHON = os.environ.get("SPECDEC_VLLM_PYTHON", str(REPO_ROOT / ".venv-vllm" / "bin" / "python"))
-PROMPTS = [
-    "The quick brown fox", '{"name": "Ada", "age": 36}', "SELECT id FROM users", "def add(a, b):",
-    "Speculative decoding", "café", "for i in range(10):", "Hello, world!", "a", "zzzz",
-    '{"tags": ["math", "code"]} -> {"tags": [', "return a + b", "ORDER BY name;", "The lazy dog",
-    "SELECT id, name FROM users WHERE age > 30 ORDER BY", "print(i * i)", "1 2 3 4 5 6 7 8", "The The The The",
-    "over the", "jumps", "verifies them in one pass", "def f(x):\n    return", '"age": 36, "age": 36, "age":',
-    "tokens and verifies",
-]
-MAX_TOKENS = 32
+PROMPTS = TEXT_PROMPTS
+MAX_TOKENS = REFERENCE_MAX_TOKENS
 
 
 @pytest.fixture(scope="module")
-def pair(tmp_path_factory):
-    return build_tiny_pair(tmp_path_factory.mktemp("vllm-models"), shape=VLLM_TINY_SHAPE)
+def pair(vllm_pair):
+    return vllm_pair
 
 
 @pytest.fixture(scope="module")
-def stack(pair, reference_job, tmp_path_factory):
-    if not pathlib.Path(VLLM_PYTHON).exists():
-        pytest.fail(f"{VLLM_PYTHON} is missing: run `make setup-vllm` (or set SPECDEC_VLLM_PYTHON)")
+def stack(pair, vllm_reference_job, tmp_path_factory):
+    """The stack on the vLLM engine; the reference job is asked for first so that the two start side by side."""
+    need_vllm()
     target, draft = pair
     env = {"VLLM_CACHE_ROOT": str(tmp_path_factory.mktemp("vllm-cache"))}
     with running_stack(target, draft, method="model", draft_args=["--propose-ahead", "always"],
@@ -59,34 +48,13 @@ def stack(pair, reference_job, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def tokenizer(pair):
-    return load_tokenizer(str(pair[0]))
+def tokenizer(vllm_tokenizer):
+    return vllm_tokenizer
 
 
 @pytest.fixture(scope="module")
-def reference_job(pair, tokenizer, tmp_path_factory):
-    """vLLM's own greedy output, no speculative config, in a separate vLLM process, started before the stack so
-    that the two start up side by side."""
-    work = tmp_path_factory.mktemp("reference")
-    (work / "prompts.json").write_text(json.dumps([tokenizer.encode(p, add_special_tokens=False) for p in PROMPTS]))
-    eos = [str(tokenizer.convert_tokens_to_ids("<|im_end|>"))]
-    process = subprocess.Popen([VLLM_PYTHON, str(REPO_ROOT / "tools" / "vllm_generate.py"), "--model", str(pair[0]),
-                                "--prompts", str(work / "prompts.json"), "--out", str(work / "out.json"),
-                                "--max-tokens", str(MAX_TOKENS), "--eos", *eos],
-                               cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                               env={**os.environ, "VLLM_CACHE_ROOT": str(work / "cache")})
-    yield process, work
-    if process.poll() is None:
-        process.kill()
-        process.wait()
-
-
-@pytest.fixture(scope="module")
-def reference(reference_job):
-    process, work = reference_job
-    _, stderr = process.communicate(timeout=240)
-    assert process.returncode == 0, stderr.decode(errors="replace")[-3000:]
-    return dict(zip(PROMPTS, json.loads((work / "out.json").read_text())))
+def reference(vllm_reference, tokenizer):
+    return {p: vllm_reference[tuple(tokenizer.encode(p, add_special_tokens=False))] for p in PROMPTS}
 
 
 def generate(gateway, prompt: str, **fields) -> gateway_pb2.GenerateResponse:

