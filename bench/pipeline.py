@@ -27,6 +27,7 @@ and the draft on core 1 (taskset), one thread each. Writes bench/results/pipelin
 from __future__ import annotations
 
 import argparse
+import collections
 import concurrent.futures
 import contextlib
 import datetime
@@ -39,7 +40,7 @@ import grpc
 
 from bench.workloads import load_workload
 from specdec.config import ModelConfig, choices
-from specdec.stack import Service, wait_serving
+from specdec.stack import Service, scrape_metrics, wait_serving
 from specdec.v1 import common_pb2, verifier_pb2, verifier_pb2_grpc
 from tools.latency_proxy import LatencyProxy
 
@@ -81,13 +82,13 @@ def split_stack(args, log_dir: pathlib.Path):
                                 launcher=pin(1)))
         wait_serving(services[0].address, 300, services[0].process)
         with LatencyProxy(services[0].address) as proxy:
-            verifiers = {}
+            verifiers = {}  # mode -> the verifier's Service
             for mode, ahead in (("serial", "false"), ("pipelined", "true")):
                 service = Service("verifier_service", [
                     "--model", args.model, "--dtype", args.dtype, "--threads", threads, "--draft", proxy.address,
                     "--draft-ahead", ahead, "--draft-timeout-ms", "2000"], env, log_dir, launcher=pin(0))
                 services.append(service)
-                verifiers[mode] = service.address
+                verifiers[mode] = service
             for service in services[1:]:
                 wait_serving(service.address, 300, service.process)
             yield proxy, verifiers
@@ -124,20 +125,31 @@ def decode(address: str, ids: list[int], max_tokens: int, k: int | None) -> dict
             "ahead_used": stats.num_ahead_used, "ahead_discarded": stats.num_ahead_discarded}
 
 
-def run_mode(address: str, batch: list[tuple[list[int], int]], k: int | None, concurrency: int) -> dict:
-    """All prompts of a workload through one verifier; summed counts and the wall time of the whole batch."""
+def fallback_reasons(verifier) -> collections.Counter:
+    """The verifier's plain rounds so far, by why the round had no block (its /metrics)."""
+    return collections.Counter({dict(labels)["reason"]: value for (name, labels), value
+                                in scrape_metrics(verifier.metrics_port).items()
+                                if name == "specdec_fallback_rounds_total"})
+
+
+def run_mode(verifier, batch: list[tuple[list[int], int]], k: int | None, concurrency: int) -> dict:
+    """All prompts of a workload through one verifier; summed counts, the wall time of the whole batch, and
+    the plain rounds by reason."""
+    before = fallback_reasons(verifier)
     started = time.perf_counter()
     with concurrent.futures.ThreadPoolExecutor(concurrency) as pool:
-        results = list(pool.map(lambda item: decode(address, item[0], item[1], k), batch))
+        results = list(pool.map(lambda item: decode(verifier.address, item[0], item[1], k), batch))
     wall = time.perf_counter() - started
     total = {key: sum(r[key] for r in results) for key in results[0]}
     total["wall"] = wall
+    total["fallback_reasons"] = fallback_reasons(verifier) - before
     return total
 
 
 def pooled(runs: list[dict]) -> dict:
     """Counts and times of several runs, summed."""
-    return {key: sum(r[key] for r in runs) for key in runs[0]}
+    return {key: sum((r[key] for r in runs), collections.Counter() if isinstance(runs[0][key], dict) else 0)
+            for key in runs[0]}
 
 
 def tokens_per_s(measured: dict, concurrency: int) -> float:
@@ -152,7 +164,9 @@ def row(delay: float, workload: str, mode: str, measured: dict, off: dict, concu
             "round_ms": round(1000 * measured["seconds"] / measured["rounds"], 1),
             "hit_rate": round(measured["ahead_used"] / measured["drafts"], 3) if measured["drafts"] else 0.0,
             "acceptance": round(measured["accepted"] / measured["draft_tokens"], 3) if measured["draft_tokens"] else 0,
-            "fallback_rounds": measured["fallback"], "rounds": measured["rounds"], "drafts": measured["drafts"],
+            "fallback_rounds": measured["fallback"],
+            "fallback_reasons": {reason: int(n) for reason, n in sorted(measured.get("fallback_reasons", {}).items())},
+            "rounds": measured["rounds"], "drafts": measured["drafts"],
             "tokens": measured["tokens"]}
 
 
@@ -185,7 +199,7 @@ def sweep(args, proxy, verifiers, batches) -> list[dict]:
                 print(f"rtt {delay:g} ms {workload:<12} {mode:<9} {rows[-1]['tokens_per_s']:6.2f} tok/s "
                       f"(runs {rows[-1]['runs_tokens_per_s']}) speedup {rows[-1]['speedup']:.2f}x "
                       f"round {rows[-1]['round_ms']:.0f} ms hit rate {rows[-1]['hit_rate']:.2f} "
-                      f"fallback {rows[-1]['fallback_rounds']}", flush=True)
+                      f"fallback {rows[-1]['fallback_rounds']} {rows[-1]['fallback_reasons']}", flush=True)
     return rows
 
 

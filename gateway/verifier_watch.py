@@ -36,6 +36,8 @@ class VerifierWatch:
         self.address, self.tokenizer, self.period_s = address, tokenizer, period_s
         self.on_change = on_change
         self.problem: str | None = None
+        self.info: common_pb2.ModelInfo | None = None
+        self.reported = False  # on_change has been called at least once
 
     async def check(self) -> tuple[str | None, common_pb2.ModelInfo | None]:
         """(None, the verifier's ModelInfo) when it answers with our tokenizer; (why not, None) otherwise."""
@@ -51,13 +53,16 @@ class VerifierWatch:
         return None, reply.info
 
     async def check_and_report(self) -> None:
+        """Check, and tell the gateway when the verdict or the verifier's model info changed (only then)."""
         problem, info = await self.check()
+        if self.reported and (problem, info) == (self.problem, self.info):
+            return
         if problem != self.problem:
             if problem:
                 log.error("%s; health NOT_SERVING until it is fixed", problem)
             elif self.problem:
                 log.info("the verifier at %s is usable again", self.address)
-        self.problem = problem
+        self.problem, self.info, self.reported = problem, info, True
         await self.on_change(problem, info)
 
     async def run(self) -> None:

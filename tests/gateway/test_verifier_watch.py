@@ -1,0 +1,70 @@
+"""VerifierWatch against a real gRPC verifier stand-in (GetModelInfo only, in this process): it tells the
+gateway when the verdict or the verifier's model info changes, and only then."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+
+from gateway.verifier_watch import VerifierWatch
+from specdec.v1 import common_pb2, verifier_pb2, verifier_pb2_grpc
+
+OURS = common_pb2.ModelInfo(model="m", vocab_size=64, max_context=512, eos_token_ids=[2],
+                            tokenizer_fingerprint="abc", tokenizer_class="Fast", tokenizer_vocab_size=64)
+
+
+class ModelInfoOnly(verifier_pb2_grpc.VerifierServiceServicer):
+    def __init__(self):
+        self.info = common_pb2.ModelInfo()
+        self.info.CopyFrom(OURS)
+
+    async def GetModelInfo(self, request, context):  # noqa: N802 (gRPC method name)
+        return verifier_pb2.GetModelInfoResponse(info=self.info)
+
+
+def test_reports_each_change_once_and_nothing_while_nothing_changes():
+    async def scenario():
+        server = grpc.aio.server()
+        servicer = ModelInfoOnly()
+        verifier_pb2_grpc.add_VerifierServiceServicer_to_server(servicer, server)
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        reports = []
+
+        async def on_change(problem, info):
+            reports.append((problem, info.max_context if info is not None else None))
+
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            watch = VerifierWatch(channel, f"127.0.0.1:{port}", OURS, period_s=60, on_change=on_change)
+            for _ in range(3):
+                await watch.check_and_report()
+            assert reports == [(None, 512)]  # the first verdict, then nothing: the same verifier, the same info
+            servicer.info.max_context = 1024  # a verifier with the same tokenizer and a longer context
+            await watch.check_and_report()
+            await watch.check_and_report()
+            assert reports[1:] == [(None, 1024)]
+            servicer.info.tokenizer_fingerprint = "other"  # replaced by one with another tokenizer
+            await watch.check_and_report()
+            await watch.check_and_report()
+            assert len(reports) == 3 and "incompatible" in reports[2][0] and reports[2][1] is None
+            await server.stop(None)
+            await watch.check_and_report()  # down: a new verdict
+            assert len(reports) == 4 and "not answering" in reports[3][0]
+
+    asyncio.run(asyncio.wait_for(scenario(), 30))
+
+
+def test_the_first_check_is_always_reported():
+    async def scenario():
+        reports = []
+
+        async def on_change(problem, info):
+            reports.append(problem)
+
+        async with grpc.aio.insecure_channel("127.0.0.1:1") as channel:  # nothing listens on port 1
+            watch = VerifierWatch(channel, "127.0.0.1:1", OURS, period_s=60, on_change=on_change)
+            await watch.check_and_report()
+        assert len(reports) == 1 and "not answering" in reports[0]
+
+    asyncio.run(asyncio.wait_for(scenario(), 30))
