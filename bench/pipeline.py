@@ -253,10 +253,14 @@ def main(argv=None) -> int:
     out_dir = pathlib.Path(args.results_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     batches = prompts(args, load_tokenizer(args.model))
+    from bench.steadiness import probe
+
     started = time.perf_counter()
+    steadiness = {"before": probe()}
     with tempfile.TemporaryDirectory(prefix="bench-pipeline-") as log_dir, \
             split_stack(args, pathlib.Path(log_dir)) as (proxy, verifiers):
         rows = sweep(args, proxy, verifiers, batches)
+    steadiness["after"] = probe()
     result = {
         "what": "verifier Decode (greedy, adaptive k) through a draft behind a latency proxy: off, serial, pipelined",
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -265,12 +269,15 @@ def main(argv=None) -> int:
         "prompts_per_workload": args.prompts_per_workload, "max_tokens": args.max_tokens, "repeats": args.repeats,
         "baseline": "off pooled over every delay per workload (off never reaches the draft)",
         "machine": machine_info(1 if args.pin_cores else args.threads, "PASSIVE"),
-        "wall_s": round(time.perf_counter() - started, 1), "rows": rows, "summary": summary(rows),
+        "wall_s": round(time.perf_counter() - started, 1), "cpu_steadiness": steadiness,
+        "rows": rows, "summary": summary(rows),
     }
     (out_dir / f"{name}.json").write_text(json.dumps(result, indent=1) + "\n")
     plot(rows, f"pipelined drafting, {args.method} draft, {args.dtype}, concurrency {args.concurrency}",
          out_dir / f"{name}.png")
     print(json.dumps(result["summary"], indent=1))
+    print(f"CPU steadiness (the same matmuls timed 8 times, slowest/fastest): {steadiness['before']['spread']} "
+          f"before the sweep, {steadiness['after']['spread']} after")
     print(f"wrote {out_dir / name}.json and .png")
     return 0
 

@@ -75,8 +75,12 @@ class LatencyProxy:
         except OSError:
             client_writer.close()
             return
-        await asyncio.gather(self._pipe(client_reader, target_writer), self._pipe(target_reader, client_writer),
-                             return_exceptions=True)
+        try:
+            await asyncio.gather(self._pipe(client_reader, target_writer), self._pipe(target_reader, client_writer),
+                                 return_exceptions=True)
+        except asyncio.CancelledError:  # the proxy is stopping: the connection just ends (no traceback)
+            client_writer.close()
+            target_writer.close()
 
     async def _pipe(self, reader, writer) -> None:
         """Read as bytes arrive; write each chunk delay_ms after it arrived, in order."""

@@ -10,6 +10,12 @@ Glossary (vLLM's conventions, vllm/v1/spec_decode/metrics.py):
 - a draft is one non-empty block of draft tokens verified in one round;
 - accepted tokens exclude the target's own token (correction or bonus) that every round emits;
 - mean accepted length = 1 + accepted / drafts, so it counts that token.
+
+A round whose block was asked of the draft but came back empty (the draft failed, timed out, or sent
+something unusable) is a plain step for the statistics, but not for the policy: its time includes the
+wait for the draft, which is the price of drafting, not of a plain step. The policy sees it as a block
+of the asked size with nothing accepted, so a draft too slow to answer in time turns speculation off
+instead of making plain steps look slow.
 """
 
 from __future__ import annotations
@@ -79,6 +85,11 @@ class Round:
     target_token: int | None = None  # the target's own token (correction or bonus)
 
 
+# Why a round has no block although the draft was asked for one (DraftSession.propose; "timeout": the
+# vLLM engine's step deadline, vllm_bridge)
+DRAFT_GAVE_NOTHING = frozenset({"failed", "unavailable", "closed", "timeout", "ahead_discarded", "ahead_invalid"})
+
+
 class RequestSpeculation:
     """Per request: the draft session (None without a draft service), the policy and the statistics."""
 
@@ -90,6 +101,7 @@ class RequestSpeculation:
         self.live_sequences = live_sequences
         self.stats = SpeculationStats()
         self.block_came_ahead = False  # the last proposed block was drafted ahead
+        self.asked_k = 0  # the k the draft was last asked for (0: not asked)
 
     def block_size(self, remaining_tokens: int, remaining_context: int) -> int:
         """k for the next round (0: a plain step)."""
@@ -100,8 +112,10 @@ class RequestSpeculation:
     async def propose(self, tokens: list[int], k: int) -> tuple[DraftBlock, str]:
         """Up to k draft tokens after `tokens`, and why the block is empty where it is ("" otherwise)."""
         self.block_came_ahead = False
+        self.asked_k = 0
         if self.draft is None or k == 0:
             return DraftBlock.empty(), self.policy.off_reason if self.draft is not None else ""
+        self.asked_k = k
         block, reason = await self.draft.propose(tokens, k)
         self.block_came_ahead = block.ahead
         return block, reason
@@ -116,7 +130,10 @@ class RequestSpeculation:
             if round_.fallback:
                 self.stats.num_fallback_rounds += 1
                 metrics.FALLBACK_ROUNDS.labels(reason=round_.fallback).inc()
-        self.policy.observe(round_.num_draft_tokens, round_.num_accepted, round_.seconds)
+        if not round_.num_draft_tokens and round_.fallback in DRAFT_GAVE_NOTHING and self.asked_k:
+            self.policy.observe(self.asked_k, 0, round_.seconds)  # drafting's price, not a plain step's
+        else:
+            self.policy.observe(round_.num_draft_tokens, round_.num_accepted, round_.seconds)
         if round_.forward_s is not None:
             metrics.VERIFY_FORWARD_TIME.observe(round_.forward_s)
         if round_.draft_wait_s is not None:

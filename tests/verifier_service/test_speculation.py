@@ -1,0 +1,44 @@
+"""RequestSpeculation's one place a round is recorded: what the policy learns from a round without a block."""
+
+import asyncio
+
+from specdec.config import ServerConfig
+from specdec.sampling import SamplingParams
+from specdec.v1 import common_pb2
+from verifier_service.draft_client import DraftLink
+from verifier_service.speculation import RequestSpeculation, Round
+from verifier_service.speculation_policy import RoundCost, SpeculationPolicy
+
+
+def test_a_draft_that_gives_nothing_is_charged_to_drafting_not_to_plain_steps():
+    """The draft is asked for 4 tokens and does not answer (nothing listens at its address): the round's time,
+    the wait included, is what drafting cost, with nothing accepted. A plain step's time stays a plain step's."""
+    async def scenario():
+        link = DraftLink("127.0.0.1:1", ServerConfig(), common_pb2.ModelInfo(vocab_size=10), timeout_s=0.2)
+        cost = RoundCost()
+        speculation = RequestSpeculation(SpeculationPolicy(4, 16, cost=cost), link.session("r", SamplingParams()))
+        block, reason = await speculation.propose([1, 2, 3], 4)
+        assert block.token_ids == [] and reason == "unavailable"
+        speculation.record(Round(0, 0, 2.1, draft_wait_s=2.0, forward_s=0.1, fallback=reason))
+        assert speculation.stats.num_rounds == 1 and speculation.stats.num_drafts == 0
+        assert speculation.stats.num_fallback_rounds == 1
+        assert set(cost.seconds) == {4} and cost.seconds[4].value == 2.1  # not a 2.1 s plain step
+        assert cost.acceptance[True].value == 0.0
+
+        block, reason = await speculation.propose([1, 2, 3], 0)  # the policy chose a plain step
+        speculation.record(Round(0, 0, 0.1, forward_s=0.1, fallback="not_paying"))
+        assert cost.seconds[0].value == 0.1
+        await link.close()
+
+    asyncio.run(asyncio.wait_for(scenario(), 30))
+
+
+def test_a_slow_draft_turns_speculation_off():
+    """Rounds that ask a draft which never answers in time cost 2 s each against 0.1 s plain steps: the next
+    request's policy does not draft."""
+    cost = RoundCost()
+    for _ in range(3):
+        cost.observe(0, 0, 0.1)
+    for _ in range(8):
+        cost.observe(4, 0, 2.1)  # as recorded above for each draft that gave nothing
+    assert SpeculationPolicy(4, 16, cost=cost).block_size(1000, 1000) == 0
