@@ -41,7 +41,7 @@ PRIOR_ALPHA = 0.5  # acceptance assumed before any draft has been verified
 PRIOR_SLOPE = 0.1  # T(k) = T(0) (1 + 0.1 k) until rounds at two block sizes have been measured
 COOLDOWN_ROUNDS = 8  # plain rounds before speculation is retried (doubles on each failed retry)
 MAX_COOLDOWN_ROUNDS = 256
-HOPELESS_AFTER_ROUNDS = 8  # drafted rounds measured server-wide before blocks may be judged unable to pay
+HOPELESS_AFTER_ROUNDS = 4  # drafted rounds measured server-wide before blocks may be judged unable to pay
 PROBE_K = 1  # the block a retry drafts
 DECAY = 0.9  # a request's acceptance counts fade by this per drafted round, so it follows the text
 
