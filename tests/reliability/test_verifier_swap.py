@@ -43,6 +43,15 @@ def _generate(address: str, request: gateway_pb2.GenerateRequest):
         return gateway_pb2_grpc.GatewayStub(channel).Generate(request, timeout=60)
 
 
+def _refusal(address: str, request: gateway_pb2.GenerateRequest) -> str:
+    """The details of the gateway's refusal of `request` ("" if it was served)."""
+    try:
+        _generate(address, request)
+    except grpc.RpcError as exc:
+        return exc.details() or ""
+    return ""
+
+
 TEXT = gateway_pb2.GenerateRequest(prompt="hello world", max_tokens=4)
 IDS = gateway_pb2.GenerateRequest(prompt_token_ids=gateway_pb2.TokenIds(ids=[5, 6, 7]), max_tokens=4)
 
@@ -53,6 +62,9 @@ def test_a_verifier_with_another_tokenizer_takes_the_gateway_out_until_it_is_rep
 
     stack.replace_verifier(build_other_tokenizer_model(tmp_path))
     assert wait_for(lambda: _health(stack.gateway.address) == NOT_SERVING, 15), stack.gateway.log()[-2000:]
+    # NOT_SERVING comes first from the old verifier going away ("not answering"); the new one's tokenizer is
+    # named from the watch's next check (at the reconnect, or within --peer-check-s)
+    assert wait_for(lambda: "replaced" in _refusal(stack.gateway.address, IDS), 15), stack.gateway.log()[-2000:]
     for request in (TEXT, IDS):
         with pytest.raises(grpc.RpcError) as raised:
             _generate(stack.gateway.address, request)
