@@ -170,6 +170,13 @@ def row(delay: float, workload: str, mode: str, measured: dict, off: dict, concu
             "tokens": measured["tokens"]}
 
 
+def run_as(mode: str, verifiers: dict, batch, concurrency: int) -> dict:
+    """One mode's run: off is k = 0 on the serial verifier; serial and pipelined the adaptive policy on their own."""
+    if mode == "off":
+        return run_mode(verifiers["serial"], batch, 0, concurrency)
+    return run_mode(verifiers[mode], batch, None, concurrency)
+
+
 def sweep(args, proxy, verifiers, batches) -> list[dict]:
     """Every (delay, workload, mode), --repeats times with the modes taking turns; rows with pooled speedups."""
     from tqdm import tqdm
@@ -178,15 +185,13 @@ def sweep(args, proxy, verifiers, batches) -> list[dict]:
     delays = [float(d) for d in args.delays.split(",")]
     for workload, batch in batches.items():  # warm-up: the first forwards, and the policy's server-wide round costs
         for mode in MODES:
-            run_mode(verifiers["serial" if mode == "off" else mode], batch[:2], 0 if mode == "off" else None,
-                     args.concurrency)
+            run_as(mode, verifiers, batch[:2], args.concurrency)
     steps = [(delay, workload, rep) for delay in delays for workload in batches for rep in range(args.repeats)]
     for n, (delay, workload, rep) in enumerate(tqdm(steps, desc="pipeline sweep", unit="step")):
         proxy.delay_ms = delay / 2
         order = MODES[n % 3:] + MODES[:n % 3]  # rotate which mode runs first
         for mode in order:
-            measured = run_mode(verifiers["serial" if mode == "off" else mode], batches[workload],
-                                0 if mode == "off" else None, args.concurrency)
+            measured = run_as(mode, verifiers, batches[workload], args.concurrency)
             runs.setdefault((delay, workload, mode), []).append(measured)
     rows = []
     for workload in batches:

@@ -87,13 +87,21 @@ class RoundCost:
         return max(mean_t - b * mean_k, 1e-9), b
 
     def times(self, max_k: int) -> list[float] | None:
-        """time(k) for k = 0..max_k, each line fitted once; None before any round was timed."""
-        if self.time(0) is None:
+        """The predicted wall time of a round that verifies k draft tokens, for k = 0..max_k (each line fitted
+        once); None before any round was timed.
+
+        A plain step (k = 0) is its own measurement: a round with a block also waits for the draft and
+        pays the round trip to it, a fixed cost that a line through all block sizes would spread over
+        k, making blocks look cheaper than they are when the draft is far away. With rounds at two or
+        more block sizes measured, drafted rounds follow their own line."""
+        through_all = self.line()
+        if through_all is None:
             return None
-        plain = self.time(0)
+        plain = self.seconds.get(0)
+        t0 = plain.value if plain is not None and plain.value is not None else through_all[0]
         drafted_sizes = sum(1 for n, e in self.seconds.items() if n and e.value is not None)
-        a, b = self.line(drafted_only=drafted_sizes >= 2)
-        return [plain] + [a + b * k for k in range(1, max_k + 1)]
+        a, b = self.line(drafted_only=True) if drafted_sizes >= 2 else through_all
+        return [t0] + [a + b * k for k in range(1, max_k + 1)]
 
     def hopeless(self, max_k: int) -> bool:
         """Whether blocks lose even when accepted whole: (k + 1) tokens per T(k) never beat 1 per T(0).
@@ -110,21 +118,9 @@ class RoundCost:
         return plain is None or round_s <= (num_accepted + 1) * plain
 
     def time(self, k: int) -> float | None:
-        """The predicted wall time of a round that verifies k draft tokens; None before any was timed.
-
-        A plain step (k = 0) is its own measurement: a round with a block also waits for the draft and
-        pays the round trip to it, a fixed cost that a line through all block sizes would spread over
-        k, making blocks look cheaper than they are when the draft is far away. With rounds at two or
-        more block sizes measured, drafted rounds follow their own line."""
-        plain = self.seconds.get(0)
-        if k == 0 and plain is not None and plain.value is not None:
-            return plain.value
-        drafted_sizes = sum(1 for n, e in self.seconds.items() if n and e.value is not None)
-        line = self.line(drafted_only=k > 0 and drafted_sizes >= 2)
-        if line is None:
-            return None
-        a, b = line
-        return a + b * k
+        """times(k)[k]: the predicted wall time of a round that verifies k draft tokens."""
+        times = self.times(k)
+        return None if times is None else times[k]
 
 
 class SpeculationPolicy:

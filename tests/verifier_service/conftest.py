@@ -23,6 +23,7 @@ from tests.verifier_service.vllm_support import (
     need_vllm,
 )
 
+
 @pytest.fixture(scope="session")
 def vllm_pair(tmp_path_factory):
     return build_tiny_pair(tmp_path_factory.mktemp("vllm-models"), shape=VLLM_TINY_SHAPE)
