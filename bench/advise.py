@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 
 from bench import speedup_model
 from bench.workloads import Prompt, load_workload
+from specdec.config import model_dir, optional_model_dir
 
 if TYPE_CHECKING:
     from bench import replay
@@ -43,8 +44,8 @@ PROPOSERS = ("ngram", "suffix", "model")
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m bench.advise", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--target", required=True, help="target model directory")
-    p.add_argument("--draft", default="", help="draft model directory (the 'model' proposer)")
+    p.add_argument("--target", required=True, type=model_dir, help="target model directory")
+    p.add_argument("--draft", default="", type=optional_model_dir, help="draft model directory (the 'model' proposer)")
     p.add_argument("--method", default="", choices=["", *PROPOSERS],
                    help="try only this proposer; default: ngram and suffix, and model when --draft is given")
     p.add_argument("--prompts", required=True,

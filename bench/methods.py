@@ -11,7 +11,7 @@ import dataclasses
 import time
 
 from bench import prom
-from specdec.config import ModelConfig, choices
+from specdec.config import ModelConfig, choices, model_dir
 from verifier_service.config import VerifierConfig
 from bench.workloads import Prompt
 
@@ -230,7 +230,7 @@ def draft_step_seconds(model_dir: str, dtype: str, threads: int, context: int = 
 
 def add_stack_options(parser, repeats: int, max_tokens: int = 48) -> None:
     """The options of the load tools (bench.context, bench.concurrency) that choose and start the stack."""
-    parser.add_argument("--model", required=True, help="target model directory")
+    parser.add_argument("--model", required=True, type=model_dir, help="target model directory")
     parser.add_argument("--engine", default="transformers", choices=choices(VerifierConfig, "engine"),
                         help="verifier engine")
     parser.add_argument("--vllm-python", default=".venv-vllm/bin/python", help="the interpreter with vLLM")

@@ -39,7 +39,7 @@ import time
 import grpc
 
 from bench.workloads import load_workload
-from specdec.config import ModelConfig, choices
+from specdec.config import ModelConfig, choices, model_dir, optional_model_dir
 from specdec.stack import Service, scrape_metrics, wait_serving
 from specdec.v1 import common_pb2, verifier_pb2, verifier_pb2_grpc
 from tools.latency_proxy import LatencyProxy
@@ -49,9 +49,9 @@ MODES = ("off", "serial", "pipelined")
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", required=True, help="target model directory")
+    parser.add_argument("--model", required=True, type=model_dir, help="target model directory")
     parser.add_argument("--method", default="ngram", choices=["ngram", "suffix", "model"])
-    parser.add_argument("--draft-model", default="", help="the draft LM for --method model (default: --model)")
+    parser.add_argument("--draft-model", default="", type=optional_model_dir, help="the draft LM for --method model (default: --model)")
     parser.add_argument("--dtype", default="float32", choices=choices(ModelConfig, "dtype"))
     parser.add_argument("--threads", type=int, default=2, help="torch threads of each verifier")
     parser.add_argument("--delays", default="0,5,20", help="round trips to sweep, ms (the proxy adds half each way)")

@@ -154,6 +154,12 @@ def machine_lines(result: dict) -> list[str]:
         f"{machine.get('torch_cpu_capability', '?')}; avx512_bf16 {machine.get('avx512_bf16', '?')}, "
         f"amx_bf16 {machine.get('amx_bf16', '?')}).",
     ]
+    steadiness = machine.get("steadiness")
+    if steadiness:
+        lines += ["", "Steadiness (bench/steadiness.py, the same matmul loop timed 8 times; max/min): "
+                      + ", ".join(f"{when} {probe['spread']:.2f}x ({min(probe['seconds']):.2f}-"
+                                  f"{max(probe['seconds']):.2f} s)" for when, probe in steadiness.items())
+                      + ". Differences between methods smaller than this drift are not resolved."]
     verify = result.get("verify_cost")
     if verify:
         ratio = verify["ratio"]
@@ -207,7 +213,55 @@ def markdown(result: dict) -> str:
     lines.append("")
     if result.get("comparison"):
         lines += comparison_lines(result)
+    if result.get("adaptive_vs_fixed"):
+        lines += adaptive_lines(result["adaptive_vs_fixed"])
     return "\n".join(lines)
+
+
+ADAPTIVE_MIN = 0.97  # the adaptive policy's tokens/s over the best fixed k's, on every workload
+
+
+def adaptive_vs_fixed(samples: list[Sample], families: tuple[str, ...] = ("ngram", "suffix")) -> list[dict]:
+    """Per workload and proposer: the adaptive method ("ngram") against each fixed k ("ngram_k4", ...) it ran beside.
+
+    Each ratio is paired by repeat over the prompts both ran (as the rows' speedups); the best fixed k is the one
+    with the highest tokens/s against the adaptive method, so the figure is adaptive / best = min over the ratios.
+    """
+    by = collections.defaultdict(list)
+    for s in samples:
+        by[(s.workload, s.method)].append(s)
+    workloads = list(dict.fromkeys(s.workload for s in samples))
+    out = []
+    for workload in workloads:
+        for family in families:
+            adaptive = by.get((workload, family))
+            fixed = {int(m.rsplit("_k", 1)[1]): group for (w, m), group in by.items()
+                     if w == workload and m.startswith(family + "_k") and m.rsplit("_k", 1)[1].isdigit()}
+            if not adaptive or not fixed:
+                continue
+            ratios = {k: paired_ratio(adaptive, group) for k, group in sorted(fixed.items())}
+            known = {k: v for k, v in ratios.items() if v is not None}
+            if not known:
+                continue
+            best_k = min(known, key=known.get)
+            value = known[best_k]
+            out.append({"workload": workload, "proposer": family, "adaptive_over_fixed": {k: _round(v) for k, v
+                                                                                           in ratios.items()},
+                        "best_fixed_k": best_k, "adaptive_over_best": _round(value), "met": value >= ADAPTIVE_MIN})
+    return out
+
+
+def adaptive_lines(rows: list[dict]) -> list[str]:
+    lines = [f"## the adaptive policy against fixed k (tokens/s ratio, paired by repeat; figure: >= {ADAPTIVE_MIN} "
+             "of the best fixed k)", "",
+             "| workload | proposer | adaptive / fixed k | best fixed k | adaptive / best | met |",
+             "|---|---|---|---:|---:|---|"]
+    for r in rows:
+        shown = ", ".join(f"k={k}: {_fmt(v, '.2f', 'x')}" for k, v in r["adaptive_over_fixed"].items())
+        lines.append(f"| {r['workload']} | {r['proposer']} | {shown} | {r['best_fixed_k']} | "
+                     f"{_fmt(r['adaptive_over_best'], '.2f', 'x')} | {'yes' if r['met'] else 'NO'} |")
+    lines.append("")
+    return lines
 
 
 def comparison_lines(result: dict) -> list[str]:

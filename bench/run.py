@@ -32,6 +32,7 @@ from bench import report, warmup
 from bench.methods import FreshStackMethod, HFMethod, HFModel, StackMethod, draft_step_seconds
 from bench.workloads import REPETITIVE_WORKLOADS, Prompt, load_workload, parse_workloads
 from specdec.chat_format import chatml
+from specdec.config import model_dir, optional_model_dir
 
 log = logging.getLogger("bench")
 DEFAULT_OUT = pathlib.Path(__file__).resolve().parent / "results"
@@ -45,8 +46,8 @@ FLAGS_THAT_MATTER = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_vnni"
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--model", required=True, help="target model directory")
-    p.add_argument("--draft-model", default="", help="also benchmark a draft model (a second stack, method=model)")
+    p.add_argument("--model", required=True, type=model_dir, help="target model directory")
+    p.add_argument("--draft-model", default="", type=optional_model_dir, help="also benchmark a draft model (a second stack, method=model)")
     p.add_argument("--out", default=str(DEFAULT_OUT), help="results directory")
     p.add_argument("--quick", action="store_true",
                    help="1 repeat, 2 prompts per workload, at most 48 new tokens: a few minutes")
@@ -78,6 +79,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--vllm", action="store_true",
                    help="add a vLLM column: a third stack with --engine vllm (methods vllm_off and vllm_ngram)")
     p.add_argument("--vllm-python", default=".venv-vllm/bin/python", help="the interpreter with vLLM (make setup-vllm)")
+    p.add_argument("--steadiness-repeats", type=int, default=8,
+                   help="times the machine-drift probe (bench/steadiness.py) runs before and after the run; 0: none")
     p.add_argument("--no-plot", action="store_true", help="skip latest.png")
     p.add_argument("--log-dir", default="", help="service logs (default: a temporary directory)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -161,6 +164,9 @@ def run(args: argparse.Namespace) -> dict:
     started_run = time.monotonic()
     env = {} if args.omp_wait_policy == "inherit" else {"OMP_WAIT_POLICY": args.omp_wait_policy}
     machine = machine_info(args.threads, os.environ.get("OMP_WAIT_POLICY", "default"))
+    from bench.steadiness import probe
+
+    steadiness = {"before": probe(args.steadiness_repeats)} if args.steadiness_repeats else {}  # the drift
 
     tokenizer = load_tokenizer(args.model)
     config = json.loads((pathlib.Path(args.model) / "config.json").read_text())
@@ -247,6 +253,9 @@ def run(args: argparse.Namespace) -> dict:
             method.close()
 
     machine["load_avg_end"] = [round(x, 2) for x in os.getloadavg()]
+    if steadiness:
+        steadiness["after"] = probe(args.steadiness_repeats)
+        machine["steadiness"] = steadiness
     result = {
         "machine": machine,
         "model": str(args.model),
@@ -275,6 +284,7 @@ def aggregate(samples, result: dict, method_order: list[str]) -> dict:
         "rows": rows,
         "warmup": {"skip": warmup.SKIP, "repetitive": REPETITIVE_WORKLOADS, "curves": warmup.curves(samples)},
         "comparison": warmup.comparison(samples, REPETITIVE_WORKLOADS, report.verify_t4(result)),
+        "adaptive_vs_fixed": report.adaptive_vs_fixed(samples),
     }
 
 

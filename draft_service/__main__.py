@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import sys
 
 from draft_service.config import DraftConfig
 from draft_service.model_draft import ModelProposer
@@ -13,7 +12,7 @@ from draft_service.server import DraftServicer
 from draft_service.suffix import SuffixConfig, SuffixProposer
 from specdec import config as specdec_config
 from specdec import grpc_server, models
-from specdec.service_main import run_main, serve_until_signal
+from specdec.service_main import exit_process, run_main, serve_until_signal
 from specdec.v1 import draft_pb2, draft_pb2_grpc
 
 log = logging.getLogger("draft_service")
@@ -51,4 +50,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import sys
 
 import grpc
 from grpc_health.v1 import health_pb2_grpc
@@ -21,7 +20,7 @@ from gateway.verifier_watch import GATEWAY_ADVICE, VerifierWatch
 from specdec import config as specdec_config
 from specdec import grpc_server, models
 from specdec.interceptors import RequestSizeLimit
-from specdec.service_main import run_main, serve_until_signal
+from specdec.service_main import exit_process, run_main, serve_until_signal
 from specdec.v1 import draft_pb2, draft_pb2_grpc, gateway_pb2, gateway_pb2_grpc, verifier_pb2, verifier_pb2_grpc
 
 log = logging.getLogger("gateway")
@@ -133,4 +132,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())

@@ -134,3 +134,19 @@ class ModelConfig:
 def choices(config_type: type, name: str) -> list:
     """The allowed values of one option, for tools that offer the same flag."""
     return next(f.metadata["choices"] for f in dataclasses.fields(config_type) if f.name == name)
+
+
+def model_dir(text: str) -> str:
+    """argparse type of a tool's --model: a local model directory, checked before any work (exit 2, one line)."""
+    if not os.path.isdir(text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a directory; pass a local model directory "
+                                         "(run `make model` for the default SmolLM2-135M-Instruct)")
+    if not os.path.isfile(os.path.join(text, "config.json")):
+        raise argparse.ArgumentTypeError(f"{text!r} has no config.json, so it is not a model directory; run "
+                                         "`make model` for the default SmolLM2-135M-Instruct")
+    return text
+
+
+def optional_model_dir(text: str) -> str:
+    """model_dir, or "" for "none"."""
+    return model_dir(text) if text else text

@@ -91,15 +91,18 @@ def channel_credentials(config: ServerConfig) -> grpc.ChannelCredentials | None:
     return grpc.ssl_channel_credentials(_read(config.tls_ca, "--tls-ca"), key, cert)
 
 
+# Peers are services that restart (or are still starting): retry the connection every 2 s at most, not at
+# gRPC's default backoff, which grows to 120 s and so finds a peer that came up seconds ago only much later.
+RECONNECT_OPTIONS = [("grpc.initial_reconnect_backoff_ms", 250), ("grpc.min_reconnect_backoff_ms", 250),
+                     ("grpc.max_reconnect_backoff_ms", 2_000)]
+
+
 def open_channel(target: str, config: ServerConfig) -> grpc.aio.Channel:
     """A traced aio channel to a peer, over TLS when configured, sending the internal token when set."""
-    # Peers are services that restart: retry the connection every 2 s at most, not gRPC's default of up to 120 s.
-    options = message_options(config) + [("grpc.enable_retries", 1), ("grpc.keepalive_time_ms", 30_000),
-                                         ("grpc.initial_reconnect_backoff_ms", 250),
-                                         ("grpc.min_reconnect_backoff_ms", 250),
-                                         ("grpc.max_reconnect_backoff_ms", 2_000),
-                                         # behind a headless Service, each call (a whole sequence) picks a replica
-                                         ("grpc.lb_policy_name", "round_robin")]
+    options = message_options(config) + RECONNECT_OPTIONS + [
+        ("grpc.enable_retries", 1), ("grpc.keepalive_time_ms", 30_000),
+        # behind a headless Service, each call (a whole sequence) picks a replica
+        ("grpc.lb_policy_name", "round_robin")]
     credentials = channel_credentials(config)
     interceptors = telemetry.client_interceptors()
     token = internal_token(config)

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import atexit
 import logging
+import os
+import sys
 import typing
 
 from specdec import config as specdec_config
@@ -47,3 +50,13 @@ def run_main(
     finally:
         provider.shutdown()
     return 0
+
+
+def exit_process(code: int) -> typing.NoReturn:
+    """Leave after a clean stop: the exit handlers run (logging's flush, vLLM's worker clean-up), then the process
+    ends without Python's module finalization, which tears down torch and gRPC object by object and added 1.4 s
+    to every stop (measured on the n-gram draft service) for nothing a stopped server needs."""
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

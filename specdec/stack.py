@@ -35,8 +35,11 @@ def wait_serving(address: str, timeout_s: float = 60.0, process: subprocess.Pope
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+    from specdec.grpc_server import RECONNECT_OPTIONS  # a service that starts in 15 s is seen then, not at 27 s
+
     deadline = time.monotonic() + timeout_s
-    channel = grpc.secure_channel(address, credentials) if credentials else grpc.insecure_channel(address)
+    channel = (grpc.secure_channel(address, credentials, options=RECONNECT_OPTIONS) if credentials
+               else grpc.insecure_channel(address, options=RECONNECT_OPTIONS))
     stub = health_pb2_grpc.HealthStub(channel)
     try:
         while time.monotonic() < deadline:

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import sys
 
 from specdec import config as specdec_config
 from specdec import grpc_server, limits, models
 from specdec.interceptors import RequestSizeLimit
-from specdec.service_main import run_main, serve_until_signal
+from specdec.service_main import exit_process, run_main, serve_until_signal
 from specdec.v1 import verifier_pb2, verifier_pb2_grpc
 from verifier_service.config import VerifierConfig
 from verifier_service.decode_loop import Engine
@@ -69,4 +68,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())

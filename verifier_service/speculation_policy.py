@@ -103,14 +103,13 @@ class RoundCost:
         a, b = self.line(drafted_only=True) if drafted_sizes >= 2 else through_all
         return [t0] + [a + b * k for k in range(1, max_k + 1)]
 
-    def hopeless(self, max_k: int) -> bool:
-        """Whether blocks lose even when accepted whole: (k + 1) tokens per T(k) never beat 1 per T(0).
-        Judged only once enough drafted rounds were timed."""
+    def hopeless(self, times: list[float] | None) -> bool:
+        """Whether blocks lose even when accepted whole: (k + 1) tokens per T(k) never beat 1 per T(0), for the
+        round times `times` (from times(max_k)). Judged only once enough drafted rounds were timed."""
         drafted = sum(e.samples for n, e in self.seconds.items() if n)
-        times = self.times(max_k)
         if times is None or drafted < HOPELESS_AFTER_ROUNDS:
             return False
-        return all((k + 1) / times[k] <= 1 / times[0] for k in range(1, max_k + 1))
+        return all((k + 1) / times[k] <= 1 / times[0] for k in range(1, len(times)))
 
     def beat_plain(self, num_accepted: int, round_s: float) -> bool:
         """Whether a drafted round emitted its tokens faster than plain steps would have."""
@@ -146,9 +145,9 @@ class SpeculationPolicy:
         prior = server if server is not None else PRIOR_ALPHA
         return (self.accepted + prior * PRIOR_DRAFT_TOKENS) / (self.drafted + PRIOR_DRAFT_TOKENS)
 
-    def best_k(self) -> int:
-        """The k with the most expected tokens per second; 0 when no block beats a plain step."""
-        times = self.cost.times(self.max_k)
+    def best_k(self, times: list[float] | None) -> int:
+        """The k with the most expected tokens per second for the round times `times` (cost.times(max_k));
+        0 when no block beats a plain step."""
         if times is None:
             return self.k
         alpha = min(self.alpha(), 0.999)
@@ -167,13 +166,14 @@ class SpeculationPolicy:
                 self.off_reason = "not_paying"
                 self.probing = self.cooldown == 0
                 return 0
-            k = PROBE_K if self.probing else self.best_k()
+            times = self.cost.times(self.max_k)  # the lines fitted once per round
+            k = PROBE_K if self.probing else self.best_k(times)
             if k and self.streak:
                 # Acceptance comes in runs (copying): after a fully accepted block, grow it as
                 # Hugging Face's heuristic does, even past what the i.i.d. model predicts.
                 k = max(k, min(self.max_k, self.streak + 2))
             if k == 0:
-                if self.cost.hopeless(self.max_k):
+                if self.cost.hopeless(times):
                     self.next_cooldown = MAX_COOLDOWN_ROUNDS
                 self.cooldown = self.next_cooldown
                 self.next_cooldown = min(MAX_COOLDOWN_ROUNDS, self.next_cooldown * 2)

@@ -181,7 +181,8 @@ def test_tiny_run_with_suffix_writes_latest_json_md_png(tiny_pair, tmp_path):
     out = tmp_path / "results"
     assert main(["--model", str(target), "--out", str(out), "--repeats", "1", "--dtype", "float32",
                  "--workloads", f"{workload},chat", "--prompts-per-workload", "5", "--max-tokens", "8", "--fixed-k", "4",
-                 "--verify-cost-repeats", "2", "--no-progress", "--log-dir", str(tmp_path / "logs")]) == 0
+                 "--verify-cost-repeats", "2", "--steadiness-repeats", "2", "--no-progress",
+                 "--log-dir", str(tmp_path / "logs")]) == 0
     latest = json.loads((out / "latest.json").read_text())
     assert {"machine", "model", "dtype", "date", "rows", "verify_cost", "warmup", "comparison"} <= set(latest)
     assert latest["dtype"] == "float32" and latest["model"] == str(target)
@@ -210,6 +211,10 @@ def test_tiny_run_with_suffix_writes_latest_json_md_png(tiny_pair, tmp_path):
     assert not comparison["chat"]["repetitive"] and comparison["chat"]["suffix_vs_ngram"] > 0
     md = (out / "latest.md").read_text()
     assert md.startswith("# Benchmark") and "t(4)/t(1) = " in md and "## suffix vs ngram" in md
+    assert len(latest["machine"]["steadiness"]["after"]["seconds"]) == 2 and "Steadiness" in md
+    assert {(r["workload"], r["proposer"]) for r in latest["adaptive_vs_fixed"]} == {
+        (w, p) for w in ("extraction", "chat") for p in ("ngram", "suffix")}
+    assert "## the adaptive policy against fixed k" in md
     assert (out / "latest.png").read_bytes()[:4] == b"\x89PNG"
     assert (out / "latest_warmup.png").read_bytes()[:4] == b"\x89PNG"
     runs = [p for p in out.glob("*.json") if p.name != "latest.json"]

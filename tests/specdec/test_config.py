@@ -164,3 +164,18 @@ def test_every_service_prints_its_help(capsys, service_config):
     out = capsys.readouterr().out
     for field in dataclasses.fields(ServerConfig) + dataclasses.fields(service_config):
         assert config.flag_name(field.name) in out and config.env_name(field.name) in out
+
+
+@pytest.mark.parametrize("module", ["bench.run", "bench.pipeline", "bench.load", "bench.advise"])
+def test_a_bench_tool_refuses_a_wrong_model_directory_in_one_line(module, tmp_path, capsys):
+    import importlib
+
+    main = importlib.import_module(module).main
+    flag = "--target" if module == "bench.advise" else "--model"
+    for path, says in [(tmp_path / "missing", "is not a directory"), (tmp_path, "has no config.json")]:
+        argv = [flag, str(path)] + (["--prompts", "p.jsonl"] if module == "bench.advise" else [])
+        with pytest.raises(SystemExit) as exit_info:
+            main(argv)
+        assert exit_info.value.code == 2
+        err = capsys.readouterr().err
+        assert says in err and "make model" in err and "Traceback" not in err

@@ -129,7 +129,7 @@ def test_a_draft_as_slow_as_the_target_stays_off_although_every_block_is_accepte
     for _ in range(HOPELESS_AFTER_ROUNDS):  # the first requests draft and lose, each block accepted whole
         cost.observe(1, 1, 2.5 * plain)
         cost.observe(4, 4, 5.5 * plain)
-    assert cost.hopeless(8)
+    assert cost.hopeless(cost.times(8))
     assert not cost.beat_plain(1, 2.5 * plain) and cost.beat_plain(1, 1.5 * plain)
     assert policy.block_size(1000, 1000) == 0 and policy.cooldown == MAX_COOLDOWN_ROUNDS
 

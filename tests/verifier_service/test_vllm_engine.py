@@ -28,15 +28,10 @@ MAX_TOKENS = REFERENCE_MAX_TOKENS
 
 
 @pytest.fixture(scope="module")
-def pair(vllm_pair):
-    return vllm_pair
-
-
-@pytest.fixture(scope="module")
-def stack(pair, vllm_reference_job, tmp_path_factory):
+def stack(vllm_pair, vllm_reference_job, tmp_path_factory):
     """The stack on the vLLM engine; the reference job is asked for first so that the two start side by side."""
     need_vllm()
-    target, draft = pair
+    target, draft = vllm_pair
     env = {"VLLM_CACHE_ROOT": str(tmp_path_factory.mktemp("vllm-cache"))}
     with running_stack(target, draft, method="model", draft_args=["--propose-ahead", "always"],
                        verifier_args=["--engine", "vllm", "--draft-timeout-ms", "10000",
@@ -48,13 +43,8 @@ def stack(pair, vllm_reference_job, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def tokenizer(vllm_tokenizer):
-    return vllm_tokenizer
-
-
-@pytest.fixture(scope="module")
-def reference(vllm_reference, tokenizer):
-    return {p: vllm_reference[tuple(tokenizer.encode(p, add_special_tokens=False))] for p in PROMPTS}
+def reference(vllm_reference, vllm_tokenizer):
+    return {p: vllm_reference[tuple(vllm_tokenizer.encode(p, add_special_tokens=False))] for p in PROMPTS}
 
 
 def generate(gateway, prompt: str, **fields) -> gateway_pb2.GenerateResponse:
@@ -91,7 +81,7 @@ def test_greedy_output_equals_plain_vllm_and_counts_add_up(stack, reference, k):
         "every drafted round's wait for its block is observed"
 
 
-def test_sampling_follows_the_target_distribution(stack, pair, tokenizer):
+def test_sampling_follows_the_target_distribution(stack, vllm_pair, vllm_tokenizer):
     """T=1.0: the second token (drafted, then accepted or resampled by vLLM's rejection sampler) ~ p."""
     _services, gateway = stack
     prompt = "The quick brown fox"
@@ -106,8 +96,8 @@ def test_sampling_follows_the_target_distribution(stack, pair, tokenizer):
     first = collections.Counter(r.token_ids[0] for r in responses)
     t1, count = first.most_common(1)[0]
     seconds = collections.Counter(r.token_ids[1] for r in responses if r.token_ids[0] == t1 and len(r.token_ids) > 1)
-    model = load_causal_lm(str(pair[0]))
-    ids = tokenizer.encode(prompt, add_special_tokens=False) + [t1]
+    model = load_causal_lm(str(vllm_pair[0]))
+    ids = vllm_tokenizer.encode(prompt, add_special_tokens=False) + [t1]
     with torch.inference_mode():
         p = torch.softmax(model(torch.tensor([ids])).logits[0, -1].double(), dim=-1)  # [V]
     total = sum(seconds.values())
@@ -152,11 +142,11 @@ def test_eight_concurrent_streams_share_engine_steps_and_fallbacks_are_counted_o
     assert steps("8.0") - steps("4.0") > 0, "no engine step served 5-8 sequences"
 
 
-def test_round_time_does_not_grow_with_context(stack, tokenizer):
+def test_round_time_does_not_grow_with_context(stack, vllm_tokenizer):
     """A round at a 1,500-token context costs within 1.3x one at 200 tokens (no re-prefill)."""
     services, _gateway = stack
     verifier = verifier_pb2_grpc.VerifierServiceStub(grpc.insecure_channel(services["verifier"].address))
-    base = tokenizer.encode("The quick brown fox jumps over the lazy dog. ", add_special_tokens=False)
+    base = vllm_tokenizer.encode("The quick brown fox jumps over the lazy dog. ", add_special_tokens=False)
 
     def round_ms(length):
         prompt = (base * (length // len(base) + 1))[:length]
