@@ -62,8 +62,10 @@ class RoundCost:
     def __init__(self):
         self.seconds: dict[int, Ewma] = {}  # by verified draft tokens
         self.acceptance: dict[bool, Ewma] = {True: Ewma(), False: Ewma()}  # by greedy
+        self.plain_since_drafted = 0  # plain rounds server-wide since the last drafted one
 
     def observe(self, num_draft_tokens: int, num_accepted: int, round_s: float, greedy: bool = True) -> None:
+        self.plain_since_drafted = 0 if num_draft_tokens else self.plain_since_drafted + 1
         if round_s > 0:
             self.seconds.setdefault(num_draft_tokens, Ewma()).add(round_s)
         if num_draft_tokens:
@@ -105,9 +107,12 @@ class RoundCost:
 
     def hopeless(self, times: list[float] | None) -> bool:
         """Whether blocks lose even when accepted whole: (k + 1) tokens per T(k) never beat 1 per T(0), for the
-        round times `times` (from times(max_k)). Judged only once enough drafted rounds were timed."""
+        round times `times` (from times(max_k)). Judged only once enough drafted rounds were timed, and only for
+        MAX_COOLDOWN_ROUNDS plain rounds server-wide after the last drafted one: the verdict comes from old
+        drafted rounds (a draft's first, cold ones, say) and nothing else would ever re-time them, so a server
+        whose requests are shorter than the longest cool-down would never draft again."""
         drafted = sum(e.samples for n, e in self.seconds.items() if n)
-        if times is None or drafted < HOPELESS_AFTER_ROUNDS:
+        if times is None or drafted < HOPELESS_AFTER_ROUNDS or self.plain_since_drafted >= MAX_COOLDOWN_ROUNDS:
             return False
         return all((k + 1) / times[k] <= 1 / times[0] for k in range(1, len(times)))
 

@@ -149,3 +149,24 @@ def test_an_accepted_probe_that_was_slower_than_plain_steps_lengthens_the_cool_d
         fast.block_size(1000, 1000)
     fast.observe(PROBE_K, PROBE_K, 0.09)  # accepted and 2 tokens in 1.3 plain steps' time: it paid
     assert fast.next_cooldown == COOLDOWN_ROUNDS
+
+
+def test_a_hopeless_verdict_expires_so_that_short_requests_draft_again():
+    """Blocks judged unable to pay give the longest cool-down; a request shorter than it never probes, so the
+    verdict would stand for good. After MAX_COOLDOWN_ROUNDS plain rounds server-wide it lapses: the next request
+    probes after the short cool-down, and its probe re-times drafted rounds."""
+    plain = 0.1
+    cost = RoundCost()
+    for _ in range(3):
+        cost.observe(0, 0, plain)
+    for _ in range(HOPELESS_AFTER_ROUNDS):  # cold drafts: slow rounds, nothing accepted
+        cost.observe(1, 0, 2.5 * plain)
+    assert cost.hopeless(cost.times(8))
+    for _ in range(MAX_COOLDOWN_ROUNDS):  # requests of 32 tokens, all plain
+        cost.observe(0, 0, plain)
+    assert not cost.hopeless(cost.times(8))
+    policy = SpeculationPolicy(default_k=4, max_k=8, cost=cost)
+    sizes = [policy.block_size(1000, 1000) for _ in range(COOLDOWN_ROUNDS + 2)]  # off at once, 8 plain, probe
+    assert sizes[-1] == PROBE_K and not any(sizes[:-1]), sizes  # a probe within a 32-token request
+    policy.observe(PROBE_K, PROBE_K, 1.2 * plain)  # the draft is warm now: a fast round, accepted whole
+    assert cost.plain_since_drafted == 0
