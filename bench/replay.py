@@ -33,6 +33,7 @@ class Drafts:
 
     name: str
     new_pass: Callable[[], OpenSequence]
+    sizes_blocks: bool = False  # the proposer's `sizes_blocks`: it returns fewer tokens where its evidence is weak
 
 
 def ngram_drafts(min_n: int = 1, max_n: int = 4) -> Drafts:
@@ -50,7 +51,7 @@ def suffix_drafts(config=None) -> Drafts:
         proposer = SuffixProposer(config)
         return lambda prompt_ids: proposer.start(prompt_ids, SamplingParams(), False)
 
-    return Drafts("suffix", new_pass)
+    return Drafts("suffix", new_pass, sizes_blocks=SuffixProposer.sizes_blocks)
 
 
 class ModelSequence(DraftSequence):

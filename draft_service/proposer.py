@@ -62,6 +62,9 @@ class Proposer(abc.ABC):
 
     method: str
     inline: bool = False
+    # Sizes its own blocks: returns fewer tokens than asked, or none, where its evidence is weak, so the
+    # verifier asks it for its longest block whenever drafting pays (GetDraftInfoResponse.sizes_blocks).
+    sizes_blocks: bool = False
 
     @abc.abstractmethod
     def start(self, prompt_ids: list[int], sampling: SamplingParams, return_probs: bool,

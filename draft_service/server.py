@@ -40,7 +40,8 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
 
     async def GetDraftInfo(self, request, context):
         return draft_pb2.GetDraftInfoResponse(info=self.info, method=self.proposer.method,
-                                              max_speculative_tokens=self.config.max_speculative_tokens)
+                                              max_speculative_tokens=self.config.max_speculative_tokens,
+                                              sizes_blocks=self.proposer.sizes_blocks)
 
     async def Propose(self, request_iterator, context: grpc.aio.ServicerContext):
         requests = aiter(request_iterator)

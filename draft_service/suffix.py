@@ -151,6 +151,7 @@ def record_insertion(cache: SuffixCache, insertion: Insertion) -> None:
 class SuffixProposer(Proposer):
     method = "suffix"
     inline = True  # a proposal costs tens of microseconds; all cache access stays on one thread
+    sizes_blocks = True  # drafts as far as the match's evidence goes (max_spec_factor, min_token_prob)
 
     def __init__(self, config: SuffixConfig | None = None):
         self.config = config or SuffixConfig()

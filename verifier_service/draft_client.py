@@ -105,6 +105,7 @@ class DraftLink:
         self.checked = False  # tokenizer compatibility verified on this channel
         self.method = ""
         self.max_k = 0  # the largest block the draft serves (GetDraftInfo); 0: not reported
+        self.sizes_blocks = False  # the draft cuts its blocks to its evidence (GetDraftInfo)
 
     async def check_compatible(self, wait_s: float = 0.0) -> None:
         """Ask the draft for its tokenizer and refuse a mismatch (raises DraftIncompatible)."""
@@ -123,6 +124,7 @@ class DraftLink:
             raise DraftIncompatible(problem)
         self.method = reply.method
         self.max_k = reply.max_speculative_tokens
+        self.sizes_blocks = reply.sizes_blocks
         self.checked = True
 
     def available(self) -> bool:

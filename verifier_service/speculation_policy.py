@@ -9,14 +9,21 @@ where E is the expected number of tokens a round emits when each draft token is 
 probability alpha (Leviathan et al. 2023), and T(k) is the measured wall time of a round that
 verifies k draft tokens (forward pass, draft wait, transport), k = 0 being a plain step:
 - T(k) is learnt server-wide by `RoundCost` (round times are a property of the machine and the
-  model, not of the request): the plain step's average for k = 0, and for k >= 1 a line a + b*k
-  fitted to the per-k averages of recent drafted rounds, so that what every drafted round pays
-  once (the draft's wait, the round trip to a remote draft) counts in full;
-- alpha is this request's acceptance, starting from the server-wide acceptance of requests with
-  the same kind of sampling (greedy or not: sampled text is accepted far less often) as a prior
-  worth a few draft tokens, so that a request of a low-acceptance workload does not pay to find out;
-- after a fully accepted block the next one grows by 2 (acceptance comes in runs when the output
-  copies its input, which the i.i.d. model underrates), as long as the model says drafting pays;
+  model, not of the request): the plain step's average for k = 0, and for k >= 1 the machine's
+  verify-cost curve as measured, the average round time of each block size seen, linear between
+  them and past them along a line fitted to those averages. A CPU's curve has steps (one here: 3
+  tokens cost 1.13x one, 4 tokens 1.64x), which a line would smooth into the wrong k. What every
+  drafted round pays once (the draft's wait, the round trip to a remote draft) counts in full;
+- alpha is this request's acceptance, with the server-wide acceptance of requests with the same
+  kind of sampling (greedy or not: sampled text is accepted far less often) as a prior worth a
+  few draft tokens, so that a request of a low-acceptance workload does not pay to find out.
+  Acceptance is counted as the model defines it: a block stops being judged at its first
+  rejected token, so a block of 8 with 2 accepted is 2 accepted of 3 judged, not of 8 (counting
+  all 8 made long blocks look 3x worse than they are and switched speculation off);
+- a draft that sizes its own blocks (suffix decoding drafts only as far as its evidence goes, and
+  returns fewer tokens, or none, where a match is weak) is asked for the longest block whenever
+  drafting pays: the draft knows better than the policy where its proposal turns uncertain. An
+  empty block is a plain step, not rejected tokens;
 - k* = 0 turns speculation off ("not_paying"). The request then drafts again only after a
   cool-down (8 plain rounds, doubling up to 256 each time the retry also loses), with a small
   probe block, so a request that reaches a copy-heavy stretch later can still win. A retry pays
@@ -26,7 +33,9 @@ verifies k draft tokens (forward pass, draft wait, transport), k = 0 being a pla
   longest at once: every retry would cost a draft round for nothing;
 - speculation turns off while more sequences are live than `max_concurrency` (the target has no
   spare compute to verify with), and back on when load drops.
-Every choice is lossless: k only changes how fast tokens arrive.
+Every choice is lossless: k only changes how fast tokens arrive. `python -m bench.policy_sim`
+replays the policy over the target's known greedy outputs of the shipped workloads, against
+every fixed k, in seconds.
 """
 
 from __future__ import annotations
@@ -36,14 +45,24 @@ import dataclasses
 from specdec.speedup import expected_tokens
 
 EWMA = 0.2  # weight of the newest sample in the running averages
-PRIOR_DRAFT_TOKENS = 4.0  # weight of the server-wide acceptance in a request's estimate, in draft tokens
+PRIOR_DRAFT_TOKENS = 4.0  # weight of a prior acceptance in an estimate, in judged draft tokens
 PRIOR_ALPHA = 0.5  # acceptance assumed before any draft has been verified
+SERVER_DECAY = 0.99  # the server-wide acceptance counts fade by this per drafted round
 PRIOR_SLOPE = 0.1  # T(k) = T(0) (1 + 0.1 k) until rounds at two block sizes have been measured
+MEASURED_AFTER = 2  # rounds of a block size before its own average stands for T(k)
 COOLDOWN_ROUNDS = 8  # plain rounds before speculation is retried (doubles on each failed retry)
 MAX_COOLDOWN_ROUNDS = 256
 HOPELESS_AFTER_ROUNDS = 4  # drafted rounds measured server-wide before blocks may be judged unable to pay
 PROBE_K = 1  # the block a retry drafts
 DECAY = 0.9  # a request's acceptance counts fade by this per drafted round, so it follows the text
+
+
+def judged(num_draft_tokens: int, num_accepted: int) -> int:
+    """Draft tokens the target judged: the accepted ones and the first rejected one, if any.
+
+    Verification stops at the first rejection; the tokens after it say nothing about alpha.
+    """
+    return num_accepted + (num_accepted < num_draft_tokens)
 
 
 @dataclasses.dataclass
@@ -56,12 +75,30 @@ class Ewma:
         self.samples += 1
 
 
+@dataclasses.dataclass
+class Acceptance:
+    """Accepted over judged draft tokens, both fading by `decay` per drafted round, with a prior."""
+
+    decay: float
+    prior: float = PRIOR_ALPHA
+    accepted: float = 0.0
+    judged: float = 0.0
+
+    def add(self, num_draft_tokens: int, num_accepted: int) -> None:
+        self.accepted = self.decay * self.accepted + num_accepted
+        self.judged = self.decay * self.judged + judged(num_draft_tokens, num_accepted)
+
+    def value(self, prior: float | None = None) -> float:
+        prior = self.prior if prior is None else prior
+        return (self.accepted + prior * PRIOR_DRAFT_TOKENS) / (self.judged + PRIOR_DRAFT_TOKENS)
+
+
 class RoundCost:
     """Server-wide: the wall time of a round against its block size, and the acceptance rate."""
 
     def __init__(self):
         self.seconds: dict[int, Ewma] = {}  # by verified draft tokens
-        self.acceptance: dict[bool, Ewma] = {True: Ewma(), False: Ewma()}  # by greedy
+        self.acceptance = {True: Acceptance(SERVER_DECAY), False: Acceptance(SERVER_DECAY)}  # by greedy
         self.plain_since_drafted = 0  # plain rounds server-wide since the last drafted one
 
     def observe(self, num_draft_tokens: int, num_accepted: int, round_s: float, greedy: bool = True) -> None:
@@ -69,7 +106,7 @@ class RoundCost:
         if round_s > 0:
             self.seconds.setdefault(num_draft_tokens, Ewma()).add(round_s)
         if num_draft_tokens:
-            self.acceptance[greedy].add(num_accepted / num_draft_tokens)
+            self.acceptance[greedy].add(num_draft_tokens, num_accepted)
 
     def line(self, drafted_only: bool = False) -> tuple[float, float] | None:
         """(a, b) with T(k) = a + b k fitted to the measured block sizes (only k >= 1 when drafted_only),
@@ -89,13 +126,15 @@ class RoundCost:
         return max(mean_t - b * mean_k, 1e-9), b
 
     def times(self, max_k: int) -> list[float] | None:
-        """The predicted wall time of a round that verifies k draft tokens, for k = 0..max_k (each line fitted
-        once); None before any round was timed.
+        """The predicted wall time of a round that verifies k draft tokens, for k = 0..max_k; None before any
+        round was timed.
 
         A plain step (k = 0) is its own measurement: a round with a block also waits for the draft and
         pays the round trip to it, a fixed cost that a line through all block sizes would spread over
         k, making blocks look cheaper than they are when the draft is far away. With rounds at two or
-        more block sizes measured, drafted rounds follow their own line."""
+        more block sizes measured, drafted rounds follow the measured curve: each size's own average
+        once it has MEASURED_AFTER rounds, linear between those, and along the drafted rounds' fitted
+        line's slope before the first and past the last; never falling as k grows."""
         through_all = self.line()
         if through_all is None:
             return None
@@ -103,7 +142,24 @@ class RoundCost:
         t0 = plain.value if plain is not None and plain.value is not None else through_all[0]
         drafted_sizes = sum(1 for n, e in self.seconds.items() if n and e.value is not None)
         a, b = self.line(drafted_only=True) if drafted_sizes >= 2 else through_all
-        return [t0] + [a + b * k for k in range(1, max_k + 1)]
+        fitted = [a + b * k for k in range(max_k + 1)]
+        measured = {n: e.value for n, e in self.seconds.items()
+                    if n and e.value is not None and e.samples >= MEASURED_AFTER and drafted_sizes >= 2}
+        times = [t0]
+        for k in range(1, max_k + 1):
+            below = max((n for n in measured if n <= k), default=None)
+            above = min((n for n in measured if n >= k), default=None)
+            if below is not None and above is not None:
+                t = measured[below] if below == above else \
+                    measured[below] + (measured[above] - measured[below]) * (k - below) / (above - below)
+            elif below is not None:
+                t = measured[below] + b * (k - below)
+            elif above is not None:
+                t = measured[above] - b * (above - k)
+            else:
+                t = fitted[k]
+            times.append(max(t, times[-1]) if k > 1 else t)
+        return times
 
     def hopeless(self, times: list[float] | None) -> bool:
         """Whether blocks lose even when accepted whole: (k + 1) tokens per T(k) never beat 1 per T(0), for the
@@ -129,26 +185,23 @@ class RoundCost:
 
 class SpeculationPolicy:
     def __init__(self, default_k: int, max_k: int, requested_k: int | None = None, max_concurrency: int = 0,
-                 cost: RoundCost | None = None, greedy: bool = True):
+                 cost: RoundCost | None = None, greedy: bool = True, draft_sizes_blocks: bool = False):
         self.max_k = max_k
         self.fixed = requested_k is not None
         self.k = min(max_k, default_k if requested_k is None else requested_k)
         self.max_concurrency = max_concurrency
         self.cost = cost if cost is not None else RoundCost()
         self.greedy = greedy
-        self.drafted = 0.0  # this request's verified draft tokens (decayed)
-        self.accepted = 0.0
+        self.draft_sizes_blocks = draft_sizes_blocks  # ask for max_k whenever drafting pays: the draft cuts it
+        self.acceptance = Acceptance(DECAY)  # this request's
         self.cooldown = 0  # plain rounds left before speculation is retried
         self.next_cooldown = COOLDOWN_ROUNDS
         self.probing = False
-        self.streak = 0  # the last block's length when it was fully accepted, else 0
         self.off_reason = ""
 
     def alpha(self) -> float:
         """This request's acceptance, with the server-wide one as a prior."""
-        server = self.cost.acceptance[self.greedy].value
-        prior = server if server is not None else PRIOR_ALPHA
-        return (self.accepted + prior * PRIOR_DRAFT_TOKENS) / (self.drafted + PRIOR_DRAFT_TOKENS)
+        return self.acceptance.value(prior=self.cost.acceptance[self.greedy].value())
 
     def best_k(self, times: list[float] | None) -> int:
         """The k with the most expected tokens per second for the round times `times` (cost.times(max_k));
@@ -173,10 +226,8 @@ class SpeculationPolicy:
                 return 0
             times = self.cost.times(self.max_k)  # the lines fitted once per round
             k = PROBE_K if self.probing else self.best_k(times)
-            if k and self.streak:
-                # Acceptance comes in runs (copying): after a fully accepted block, grow it as
-                # Hugging Face's heuristic does, even past what the i.i.d. model predicts.
-                k = max(k, min(self.max_k, self.streak + 2))
+            if k and self.draft_sizes_blocks and not self.probing:
+                k = self.max_k
             if k == 0:
                 if self.cost.hopeless(times):
                     self.next_cooldown = MAX_COOLDOWN_ROUNDS
@@ -191,9 +242,7 @@ class SpeculationPolicy:
         self.cost.observe(num_draft_tokens, num_accepted, round_s, self.greedy)
         if not num_draft_tokens:
             return
-        self.drafted = DECAY * self.drafted + num_draft_tokens
-        self.accepted = DECAY * self.accepted + num_accepted
-        self.streak = num_draft_tokens if num_accepted == num_draft_tokens else 0
+        self.acceptance.add(num_draft_tokens, num_accepted)
         if self.probing:
             self.probing = False
             if num_accepted == num_draft_tokens and self.cost.beat_plain(num_accepted, round_s):

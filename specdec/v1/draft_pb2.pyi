@@ -74,11 +74,13 @@ class GetDraftInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetDraftInfoResponse(_message.Message):
-    __slots__ = ("info", "method", "max_speculative_tokens")
+    __slots__ = ("info", "method", "max_speculative_tokens", "sizes_blocks")
     INFO_FIELD_NUMBER: _ClassVar[int]
     METHOD_FIELD_NUMBER: _ClassVar[int]
     MAX_SPECULATIVE_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    SIZES_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     info: _common_pb2.ModelInfo
     method: str
     max_speculative_tokens: int
-    def __init__(self, info: _Optional[_Union[_common_pb2.ModelInfo, _Mapping]] = ..., method: _Optional[str] = ..., max_speculative_tokens: _Optional[int] = ...) -> None: ...
+    sizes_blocks: bool
+    def __init__(self, info: _Optional[_Union[_common_pb2.ModelInfo, _Mapping]] = ..., method: _Optional[str] = ..., max_speculative_tokens: _Optional[int] = ..., sizes_blocks: _Optional[bool] = ...) -> None: ...

@@ -101,7 +101,22 @@ def test_draft_info_reports_the_largest_block():
         async with draft_server(max_speculative_tokens=8) as (address, _):
             async with grpc.aio.insecure_channel(address) as channel:
                 info = await draft_pb2_grpc.DraftServiceStub(channel).GetDraftInfo(draft_pb2.GetDraftInfoRequest())
-            assert info.max_speculative_tokens == 8 and info.method == "ngram"
+            assert info.max_speculative_tokens == 8 and info.method == "ngram" and not info.sizes_blocks
+
+    asyncio.run(scenario())
+
+
+def test_a_suffix_draft_says_it_sizes_its_own_blocks_and_the_verifiers_link_reads_it():
+    from draft_service.suffix import SuffixProposer
+    from specdec.config import ServerConfig
+    from tests.draft_service.inprocess import INFO
+    from verifier_service.draft_client import DraftLink
+
+    async def scenario():
+        async with draft_server(proposer=SuffixProposer()) as (address, _):
+            link = DraftLink(address, ServerConfig(), INFO, timeout_s=5.0)
+            await link.check_compatible()
+            assert link.method == "suffix" and link.sizes_blocks
 
     asyncio.run(scenario())
 

@@ -23,7 +23,7 @@ def test_a_draft_that_gives_nothing_is_charged_to_drafting_not_to_plain_steps():
         assert speculation.stats.num_rounds == 1 and speculation.stats.num_drafts == 0
         assert speculation.stats.num_fallback_rounds == 1
         assert set(cost.seconds) == {4} and cost.seconds[4].value == 2.1  # not a 2.1 s plain step
-        assert cost.acceptance[True].value == 0.0
+        assert cost.acceptance[True].accepted == 0.0 and cost.acceptance[True].judged == 1.0  # one rejection
 
         block, reason = await speculation.propose([1, 2, 3], 0)  # the policy chose a plain step
         speculation.record(Round(0, 0, 0.1, forward_s=0.1, fallback="not_paying"))

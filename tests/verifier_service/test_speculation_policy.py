@@ -7,9 +7,16 @@ from verifier_service.speculation_policy import (
     HOPELESS_AFTER_ROUNDS,
     MAX_COOLDOWN_ROUNDS,
     PROBE_K,
+    SERVER_DECAY,
+    Acceptance,
     RoundCost,
     SpeculationPolicy,
 )
+
+
+def seen(alpha: float, tokens: float = 1000.0) -> Acceptance:
+    """A server-wide acceptance that has judged `tokens` draft tokens at rate alpha."""
+    return Acceptance(SERVER_DECAY, accepted=alpha * tokens, judged=tokens)
 
 
 def cost_of(a: float, b: float, acceptance: float | None = None) -> RoundCost:
@@ -18,7 +25,7 @@ def cost_of(a: float, b: float, acceptance: float | None = None) -> RoundCost:
     for _ in range(3):
         cost.observe(0, 0, a)
         cost.observe(4, 0, a + 4 * b)
-    cost.acceptance[True].value = acceptance
+    cost.acceptance[True] = seen(acceptance) if acceptance is not None else Acceptance(SERVER_DECAY)
     return cost
 
 
@@ -67,29 +74,58 @@ def test_speculation_turns_off_under_load_and_back_on():
 
 def test_sampled_requests_take_their_prior_from_sampled_requests():
     cost = cost_of(0.07, 0.025, acceptance=0.9)  # greedy requests copy well
-    cost.acceptance[False].value = 0.05  # sampled ones do not
+    cost.acceptance[False] = seen(0.05)  # sampled ones do not
     assert SpeculationPolicy(4, 16, cost=cost, greedy=True).block_size(1000, 1000) > 0
     assert SpeculationPolicy(4, 16, cost=cost, greedy=False).block_size(1000, 1000) == 0
 
 
-def test_a_fully_accepted_block_grows_the_next_one():
-    policy = SpeculationPolicy(4, 16, cost=cost_of(0.07, 0.025, acceptance=0.5))
-    k = policy.block_size(1000, 1000)
-    policy.observe(k, k, 0.07 + 0.025 * k)
-    assert policy.block_size(1000, 1000) >= k + 2
+def test_acceptance_counts_a_block_only_up_to_its_first_rejection():
+    """Verification stops at the first rejected token: 8 drafted with 2 accepted is 2 accepted of 3 judged. Counting
+    all 8 put this request at alpha 0.25, where blocks stop paying; it is at 2/3."""
+    policy = SpeculationPolicy(default_k=8, max_k=16, cost=cost_of(0.05, 0.002))
+    for _ in range(30):
+        policy.observe(8, 2, 0.07)
+    assert policy.alpha() == pytest.approx(2 / 3, abs=0.02)
+    assert policy.cost.acceptance[True].value() > 0.6  # the server-wide estimate counts the same way
 
 
-def test_a_short_block_is_not_read_as_rejected_tokens():
-    """Suffix and n-gram drafts return fewer tokens than asked when the evidence is short: k=8 asked,
-    2 drafted and both accepted is a fully accepted block, not 6 rejections."""
-    short = SpeculationPolicy(default_k=8, max_k=16, cost=cost_of(0.05, 0.002, acceptance=0.5))
-    rejected = SpeculationPolicy(default_k=8, max_k=16, cost=cost_of(0.05, 0.002, acceptance=0.5))
-    for _ in range(8):
-        assert short.block_size(100, 1000) > 2
-        short.observe(2, 2, 0.06)  # the block the draft returned: 2 tokens, both accepted
-        rejected.observe(8, 2, 0.07)  # 8 drafted, 2 accepted
-    assert short.alpha() > 0.9 > 0.5 > rejected.alpha()
-    assert short.streak == 2 and short.block_size(100, 1000) >= 4  # a fully accepted block grows the next
+def test_a_draft_that_sizes_its_own_blocks_is_asked_for_the_longest_whenever_drafting_pays():
+    """Suffix decoding drafts only as far as its evidence goes: asking it for fewer tokens only cuts its confident
+    drafts short. It gets max_k when the model says drafting pays, nothing when it does not, and a probe's PROBE_K."""
+    paying = SpeculationPolicy(default_k=4, max_k=16, cost=cost_of(0.07, 0.025, acceptance=0.5),
+                               draft_sizes_blocks=True)
+    assert paying.block_size(1000, 1000) == 16
+    assert paying.block_size(remaining_tokens=5, remaining_context=1000) == 4  # still within max_tokens
+    losing = SpeculationPolicy(default_k=4, max_k=16, cost=cost_of(0.07, 0.025, acceptance=0.2),
+                               draft_sizes_blocks=True)
+    assert [losing.block_size(1000, 1000) for _ in range(COOLDOWN_ROUNDS + 2)] == [0] * (COOLDOWN_ROUNDS + 1) + [PROBE_K]
+
+
+def test_round_times_follow_the_measured_curve_not_a_line_through_it():
+    """This Xeon in fp32: forwards over 2, 3, 4, 5 tokens cost 1.09, 1.13, 1.64, 1.74 plain steps (a step between 3
+    and 4 tokens). A line through those averages made k = 3 look 1.52 steps and chose it at acceptance 0.85, where
+    it costs 1.64 and k = 2 yields more per second."""
+    cost = RoundCost()
+    for _ in range(3):
+        cost.observe(0, 0, 1.00)
+        for k, t in ((1, 1.09), (2, 1.13), (3, 1.64), (4, 1.74)):
+            cost.observe(k, 0, t)
+    times = cost.times(8)
+    assert times[:5] == pytest.approx([1.00, 1.09, 1.13, 1.64, 1.74])
+    a, b = cost.line(drafted_only=True)
+    assert times[8] == pytest.approx(1.74 + 4 * b)  # past the last measured size: along the line's slope
+    assert all(later >= earlier for earlier, later in zip(times[1:], times[2:]))
+    cost.acceptance[True] = seen(0.85)
+    assert SpeculationPolicy(default_k=4, max_k=8, cost=cost).best_k(times) == 2
+
+
+def test_one_measured_block_size_is_not_yet_a_curve():
+    """Until two sizes have MEASURED_AFTER rounds each, T(k) is the fitted line (with its prior slope)."""
+    cost = RoundCost()
+    cost.observe(0, 0, 1.0)
+    cost.observe(4, 0, 1.4)
+    a, b = cost.line()
+    assert cost.times(6)[1:] == pytest.approx([a + b * k for k in range(1, 7)])
 
 
 def test_a_fixed_cost_per_drafted_round_is_counted_in_full():
@@ -101,7 +137,7 @@ def test_a_fixed_cost_per_drafted_round_is_counted_in_full():
         cost.observe(0, 0, 0.100)
         cost.observe(2, 0, 0.100 + 0.030 + 2 * 0.005)
         cost.observe(4, 0, 0.100 + 0.030 + 4 * 0.005)
-    cost.acceptance[True].value = 0.25
+    cost.acceptance[True] = seen(0.25)
     assert cost.time(0) == pytest.approx(0.100)
     assert cost.time(3) == pytest.approx(0.145)
     policy = SpeculationPolicy(default_k=4, max_k=16, cost=cost)
@@ -112,7 +148,7 @@ def test_a_fixed_cost_per_drafted_round_is_counted_in_full():
         near.observe(0, 0, 0.100)
         near.observe(2, 0, 0.100 + 2 * 0.005)
         near.observe(4, 0, 0.100 + 4 * 0.005)
-    near.acceptance[True].value = 0.25
+    near.acceptance[True] = seen(0.25)
     assert SpeculationPolicy(default_k=4, max_k=16, cost=near).block_size(1000, 1000) > 0
 
 

@@ -1,0 +1,179 @@
+"""The verifier's speculation policy, replayed over known greedy continuations: adaptive k against every fixed k.
+
+python -m bench.policy_sim continuations --model DIR --out DIR   (once: the target's greedy outputs)
+python -m bench.policy_sim compare --continuations DIR [--verify-cost FILE]
+
+Greedy verification accepts exactly the longest prefix of a block that matches the target's own
+continuation (`bench.replay`), so with the continuations known, every round a request would run is
+known too, without the target: the block the proposer returns for the k the policy asks, and how
+much of it is accepted. A round's wall time is the speedup model's (specdec/speedup.py): the
+machine's measured verify cost v(k + 1) in target steps, plus the draft's cost and the transport,
+with seeded noise so that the policy's running averages see jitter like a real server's. The
+policy is the verifier's own class (`verifier_service.speculation_policy`), one server-wide
+`RoundCost` per workload and method, requests in the workload's order, as the benchmark plays them.
+
+It answers in seconds what a benchmark run answers in half an hour, and without the run's noise:
+whether the adaptive policy reaches the best fixed k (issue 15 asks >= 0.97x) on each workload and
+proposer, and where it loses. It does not replace the benchmark: real round times have structure
+(cache growth, the draft's cold start) that the model does not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import pathlib
+import random
+import sys
+
+from bench import replay
+from bench.workloads import DEFAULT_WORKLOADS
+from specdec.speedup import VerifyCurve, round_cost
+
+DEFAULT_FIXED_K = (1, 2, 3, 4, 6, 8)
+DEFAULT_VERIFY_COST = pathlib.Path(__file__).resolve().parent / "results" / "suffix_fp32" / "latest.json"
+
+
+@dataclasses.dataclass
+class SimResult:
+    tokens: int = 0
+    steps: float = 0.0  # wall time in target steps
+    drafted: int = 0
+    accepted: int = 0
+    plain_rounds: int = 0
+
+    @property
+    def speedup(self) -> float:
+        """Tokens per step against plain decoding's one."""
+        return self.tokens / self.steps if self.steps else 0.0
+
+
+def simulate(runs: list[tuple[list[int], list[int]]], drafts: replay.Drafts, curve: VerifyCurve | None,
+             fixed_k: int | None, default_k: int = 4, max_k: int = 16, c: float = 0.0, rho: float = 0.0,
+             noise: float = 0.05, seed: int = 0) -> SimResult:
+    """Run the workload's requests in order through the policy (fixed_k None: adaptive)."""
+    from verifier_service.speculation_policy import RoundCost, SpeculationPolicy
+
+    rng = random.Random(seed)
+    cost = RoundCost()
+    open_sequence = drafts.new_pass()
+    result = SimResult()
+    for prompt_ids, continuation in runs:
+        policy = SpeculationPolicy(default_k, max_k, fixed_k, cost=cost, draft_sizes_blocks=drafts.sizes_blocks)
+        sequence = open_sequence(list(prompt_ids))
+        pos, end = 0, len(continuation)
+        while pos < end:
+            k = policy.block_size(end - pos, 1 << 30)
+            block = sequence.propose(k).token_ids if k else []
+            matched = replay.accept_greedy(block, continuation[pos:])
+            emitted = continuation[pos:pos + matched + 1]
+            sequence.update(len(prompt_ids) + pos + matched, emitted[matched:])
+            # A round pays the draft and the transport when it asked the draft, whatever came back.
+            steps = round_cost(len(block), curve, c, rho if k else 0.0) * rng.lognormvariate(0.0, noise)
+            policy.observe(len(block), matched, steps)
+            result.steps += steps
+            result.tokens += len(emitted)
+            result.drafted += len(block)
+            result.accepted += matched
+            result.plain_rounds += not block
+            pos += len(emitted)
+        sequence.finish()
+        sequence.close()
+    return result
+
+
+def load_runs(path: pathlib.Path) -> list[tuple[list[int], list[int]]]:
+    return [(list(p), list(c)) for p, c in json.loads(path.read_text())["runs"]]
+
+
+def load_curve(path: pathlib.Path) -> dict[int, float]:
+    """t(n)/t(1) from a benchmark result (its "verify_cost") or a `python -m bench.verify_cost` JSON."""
+    data = json.loads(path.read_text())
+    ratio = data.get("verify_cost", data).get("ratio")
+    if not ratio:
+        raise ValueError(f"{path}: no verify-cost ratio in it")
+    return {int(n): float(v) for n, v in ratio.items()}
+
+
+def generate(model_path: str, out: pathlib.Path, workloads: list[str], max_prompts: int, max_tokens: int) -> None:
+    """The target's greedy continuation of each workload prompt, one JSON per workload."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from bench.advise import greedy_continuations
+    from bench.workloads import load_workload
+    from specdec.models import load_tokenizer
+
+    tokenizer = load_tokenizer(model_path)
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
+    out.mkdir(parents=True, exist_ok=True)
+    for workload in workloads:
+        prompts = load_workload(workload, max_prompts, max_tokens)
+        runs, _, _ = greedy_continuations(model, tokenizer, prompts, tokenizer.eos_token_id)
+        (out / f"{workload}.json").write_text(json.dumps({"workload": workload, "ids": [p.id for p in prompts],
+                                                          "runs": runs}))
+        print(f"{workload}: {len(runs)} prompts", flush=True)
+
+
+def compare(continuations: pathlib.Path, workloads: list[str], curve: dict[int, float], fixed: tuple[int, ...],
+            seeds: int, c: float, rho: float, noise: float) -> list[dict]:
+    rows = []
+    for workload in workloads:
+        runs = load_runs(continuations / f"{workload}.json")
+        for drafts in (replay.ngram_drafts(), replay.suffix_drafts()):
+            def mean(fixed_k):
+                results = [simulate(runs, drafts, curve, fixed_k, c=c, rho=rho, noise=noise, seed=s)
+                           for s in range(seeds)]
+                return sum(r.speedup for r in results) / len(results), results[0]
+            adaptive, sample = mean(None)
+            by_k = {k: mean(k)[0] for k in fixed}
+            best = max(by_k, key=by_k.get)
+            rows.append({"workload": workload, "method": drafts.name, "adaptive": adaptive, "best_k": best,
+                         "best_fixed": by_k[best], "ratio": adaptive / by_k[best], "by_k": by_k,
+                         "acceptance": sample.accepted / sample.drafted if sample.drafted else 0.0,
+                         "plain_rounds": sample.plain_rounds})
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.policy_sim", description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    g = sub.add_parser("continuations", help="the target's greedy continuations of the workloads")
+    g.add_argument("--model", required=True)
+    g.add_argument("--out", required=True, type=pathlib.Path)
+    g.add_argument("--workloads", nargs="+", default=DEFAULT_WORKLOADS)
+    g.add_argument("--max-prompts", type=int, default=24)
+    g.add_argument("--max-tokens", type=int, default=48)
+    s = sub.add_parser("compare", help="adaptive k against each fixed k, per workload and proposer")
+    s.add_argument("--continuations", required=True, type=pathlib.Path)
+    s.add_argument("--workloads", nargs="+", default=DEFAULT_WORKLOADS)
+    s.add_argument("--verify-cost", type=pathlib.Path, default=DEFAULT_VERIFY_COST)
+    s.add_argument("--fixed-k", type=int, nargs="+", default=list(DEFAULT_FIXED_K))
+    s.add_argument("--seeds", type=int, default=5, help="noise draws per configuration")
+    s.add_argument("--noise", type=float, default=0.05, help="lognormal sigma of a round's time")
+    s.add_argument("--c", type=float, default=0.0, help="draft cost per token, in target steps")
+    s.add_argument("--rho", type=float, default=0.03, help="transport per drafted round, in target steps")
+    s.add_argument("--json", type=pathlib.Path, help="also write the rows here")
+    args = p.parse_args(argv)
+    if args.command == "continuations":
+        generate(args.model, args.out, args.workloads, args.max_prompts, args.max_tokens)
+        return 0
+    curve = load_curve(args.verify_cost)
+    rows = compare(args.continuations, args.workloads, curve, tuple(args.fixed_k), args.seeds, args.c, args.rho,
+                   args.noise)
+    print(f"verify cost t(n)/t(1): {', '.join(f'{n}: {v:.2f}' for n, v in sorted(curve.items()))}")
+    print(f"{'workload':<12} {'method':<7} {'adaptive':>8} {'best k':>6} {'fixed':>6} {'ratio':>6} {'accept':>6}  "
+          + " ".join(f"k={k:<4}" for k in args.fixed_k))
+    for r in rows:
+        flag = "" if r["ratio"] >= 0.97 else "  <0.97"
+        print(f"{r['workload']:<12} {r['method']:<7} {r['adaptive']:>8.3f} {r['best_k']:>6} {r['best_fixed']:>6.3f} "
+              f"{r['ratio']:>6.3f} {r['acceptance']:>6.2f}  " + " ".join(f"{r['by_k'][k]:<6.3f}" for k in args.fixed_k)
+              + flag)
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,61 @@
+"""The policy simulator: the verifier's own policy over known greedy continuations, with the speedup model's round times."""
+
+import json
+import random
+
+import pytest
+
+from bench import policy_sim, replay
+
+FLAT = {1: 1.0, 17: 1.2}  # verification nearly free (a GPU, an AMX Xeon in bf16)
+STEP = {1: 1.0, 2: 1.09, 3: 1.13, 4: 1.64, 5: 1.74, 8: 2.0, 17: 3.27}  # this Xeon in fp32
+
+
+def copy_runs(n=6, length=40, seed=0):
+    """Prompts of random tokens whose continuation copies a span of the prompt, then a few new tokens."""
+    rng = random.Random(seed)
+    runs = []
+    for _ in range(n):
+        prompt = [rng.randrange(1000, 5000) for _ in range(120)]
+        start = rng.randrange(0, 60)
+        runs.append((prompt, prompt[start:start + length] + [rng.randrange(1000, 5000) for _ in range(8)]))
+    return runs
+
+
+def test_a_fixed_k_over_a_pure_copy_is_the_speedup_model():
+    prompt = list(range(100, 200))
+    runs = [(prompt, prompt[10:30])]  # 20 tokens, all in the prompt
+    result = policy_sim.simulate(runs, replay.ngram_drafts(), FLAT, fixed_k=4, rho=0.0, noise=0.0)
+    # rounds of 5 tokens (4 accepted + the target's own) while 4 fit; the target's last one alone
+    assert result.tokens == 20 and result.accepted == result.drafted
+    assert result.speedup == pytest.approx(20 / (3 * (1.0 + 0.2 * 4 / 16) + 1.0 + 0.2 * 3 / 16 + 1.0), rel=0.05)
+
+
+def test_nothing_to_copy_costs_the_draft_and_nothing_else():
+    runs = [(list(range(100, 200)), list(range(500, 530)))]  # no token of the output is in the prompt
+    result = policy_sim.simulate(runs, replay.ngram_drafts(), STEP, fixed_k=4, rho=0.05, noise=0.0)
+    assert result.drafted == 0 and result.plain_rounds == 30
+    # every round asked the draft and got nothing, but the last: one token left, nothing to draft
+    assert result.speedup == pytest.approx(30 / (29 * 1.05 + 1.0))
+
+
+@pytest.mark.parametrize("curve", [FLAT, STEP], ids=["flat", "step"])
+def test_the_adaptive_policy_reaches_the_best_fixed_k_on_a_copy_workload(curve):
+    runs = copy_runs()
+    for drafts in (replay.ngram_drafts(), replay.suffix_drafts()):
+        by_k = {k: policy_sim.simulate(runs, drafts, curve, k, noise=0.05, seed=1).speedup for k in (1, 2, 3, 4, 8, 16)}
+        adaptive = policy_sim.simulate(runs, drafts, curve, None, noise=0.05, seed=1).speedup
+        assert adaptive >= 0.95 * max(by_k.values()), (drafts.name, adaptive, by_k)
+
+
+def test_the_command_line_compares_every_workload_it_is_given(tmp_path, capsys):
+    (tmp_path / "copy.json").write_text(json.dumps({"workload": "copy", "runs": copy_runs(3)}))
+    curve = tmp_path / "curve.json"
+    curve.write_text(json.dumps({"verify_cost": {"ratio": {str(n): v for n, v in STEP.items()}}}))
+    out = tmp_path / "rows.json"
+    assert policy_sim.main(["compare", "--continuations", str(tmp_path), "--workloads", "copy", "--verify-cost",
+                            str(curve), "--seeds", "1", "--fixed-k", "2", "4", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())
+    assert [(r["workload"], r["method"]) for r in rows] == [("copy", "ngram"), ("copy", "suffix")]
+    assert all(r["best_k"] in (2, 4) and r["ratio"] == pytest.approx(r["adaptive"] / r["best_fixed"]) for r in rows)
+    assert "copy" in capsys.readouterr().out
