@@ -1,7 +1,7 @@
 """The verifier's speculation policy, replayed over known greedy continuations: adaptive k against every fixed k.
 
 python -m bench.policy_sim continuations --model DIR --out DIR   (once: the target's greedy outputs)
-python -m bench.policy_sim compare --continuations DIR [--verify-cost FILE]
+python -m bench.policy_sim compare [--continuations DIR] [--verify-cost FILE]  (default: the shipped ones)
 
 Greedy verification accepts exactly the longest prefix of a block that matches the target's own
 continuation (`bench.replay`), so with the continuations known, every round a request would run is
@@ -32,7 +32,10 @@ from bench.workloads import DEFAULT_WORKLOADS
 from specdec.speedup import VerifyCurve, round_cost
 
 DEFAULT_FIXED_K = (1, 2, 3, 4, 6, 8)
-DEFAULT_VERIFY_COST = pathlib.Path(__file__).resolve().parent / "results" / "suffix_fp32" / "latest.json"
+RESULTS = pathlib.Path(__file__).resolve().parent / "results"
+DEFAULT_VERIFY_COST = RESULTS / "suffix_fp32" / "latest.json"  # this Xeon in fp32, measured by `python -m bench`
+# SmolLM2-135M-Instruct's greedy outputs (fp32, 48 tokens, up to 24 prompts a workload), by `continuations`
+SHIPPED_CONTINUATIONS = RESULTS / "policy_sim" / "continuations"
 
 
 @dataclasses.dataclass
@@ -88,9 +91,11 @@ def load_runs(path: pathlib.Path) -> list[tuple[list[int], list[int]]]:
 
 
 def load_curve(path: pathlib.Path) -> dict[int, float]:
-    """t(n)/t(1) from a benchmark result (its "verify_cost") or a `python -m bench.verify_cost` JSON."""
+    """t(n)/t(1) from a benchmark result (its "verify_cost") or a `python -m bench.verify_cost` JSON (its first
+    curve)."""
     data = json.loads(path.read_text())
-    ratio = data.get("verify_cost", data).get("ratio")
+    data = data.get("verify_cost", data)
+    ratio = data.get("ratio") or (data.get("curves") or [{}])[0].get("ratio")
     if not ratio:
         raise ValueError(f"{path}: no verify-cost ratio in it")
     return {int(n): float(v) for n, v in ratio.items()}
@@ -146,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--max-prompts", type=int, default=24)
     g.add_argument("--max-tokens", type=int, default=48)
     s = sub.add_parser("compare", help="adaptive k against each fixed k, per workload and proposer")
-    s.add_argument("--continuations", required=True, type=pathlib.Path)
+    s.add_argument("--continuations", type=pathlib.Path, default=SHIPPED_CONTINUATIONS)
     s.add_argument("--workloads", nargs="+", default=DEFAULT_WORKLOADS)
     s.add_argument("--verify-cost", type=pathlib.Path, default=DEFAULT_VERIFY_COST)
     s.add_argument("--fixed-k", type=int, nargs="+", default=list(DEFAULT_FIXED_K))
