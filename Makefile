@@ -51,8 +51,8 @@ run: setup model  ## start the three services on the real model, send a demo req
 lint: setup  ## ruff over the hand-written code
 	$(VENV)/bin/ruff check --select F,E,W --ignore E501 draft_service gateway verifier_service specdec tools bench tests
 
-test: setup setup-vllm model proto-check lint  ## the whole suite (CI runs exactly this)
-	$(PY) -m pytest -q
+test: setup setup-vllm model proto-check lint  ## the whole suite (CI runs exactly this), two workers
+	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder
 
 test-fast: setup  ## the suite without slow (real-model, multi-process, vLLM) tests
 	$(PY) -m pytest -q -m "not slow and not vllm"
