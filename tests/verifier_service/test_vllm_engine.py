@@ -158,6 +158,8 @@ def test_round_time_does_not_grow_with_context(stack, vllm_tokenizer):
             first = first or time.perf_counter()
         return (time.perf_counter() - first) * 1000 / max(rounds - 1, 1)
 
-    short = statistics.median(round_ms(200) for _ in range(5))
-    long = statistics.median(round_ms(1500) for _ in range(5))
-    assert long < 1.3 * short, f"round at 1,500 tokens {long:.2f} ms vs {short:.2f} ms at 200"
+    # Interleaved and paired: `make test` runs another worker beside this one, whose load comes and goes; measured
+    # one length after the other, a busy spell fell on the long rounds only (93.9 ms vs 57.8 ms, a false failure).
+    pairs = [(round_ms(200), round_ms(1500)) for _ in range(7)]
+    ratio = statistics.median(long / short for short, long in pairs)
+    assert ratio < 1.3, f"round at 1,500 tokens / at 200, median of 7 interleaved pairs: {ratio:.2f} ({pairs})"
