@@ -68,10 +68,7 @@ def simulate(runs: list[tuple[list[int], list[int]]], drafts: replay.Drafts, cur
         pos, end = 0, len(continuation)
         while pos < end:
             k = policy.block_size(end - pos, 1 << 30)
-            block = sequence.propose(k).token_ids if k else []
-            matched = replay.accept_greedy(block, continuation[pos:])
-            emitted = continuation[pos:pos + matched + 1]
-            sequence.update(len(prompt_ids) + pos + matched, emitted[matched:])
+            block, matched, emitted = replay.greedy_round(sequence, len(prompt_ids) + pos, continuation[pos:], k)
             # A round pays the draft and the transport when it asked the draft, whatever came back.
             steps = round_cost(len(block), curve, c, rho if k else 0.0) * rng.lognormvariate(0.0, noise)
             policy.observe(len(block), matched, steps)

@@ -120,6 +120,17 @@ def accept_greedy(block: list[int], target: list[int]) -> int:
     return n
 
 
+def greedy_round(sequence: DraftSequence, committed: int, rest: list[int], k: int) -> tuple[list[int], int, list[int]]:
+    """One round over a known greedy continuation: the draft's block for k (none for k = 0), how many of its tokens
+    the target accepts, and what the round emits (those and the target's own token, from `rest`, the continuation
+    after the `committed` tokens); the draft's sequence is brought to what was emitted."""
+    block = sequence.propose(k).token_ids if k > 0 else []
+    matched = accept_greedy(block, rest)
+    emitted = rest[:matched + 1]
+    sequence.update(committed + matched, emitted[matched:])
+    return block, matched, emitted
+
+
 def replay(runs: list[tuple[list[int], list[int]]], k: int, open_sequence: OpenSequence) -> ReplayStats:
     """Replay greedy speculation at block length k over (prompt ids, target continuation) pairs, in order."""
     stats = ReplayStats()
@@ -130,13 +141,9 @@ def replay(runs: list[tuple[list[int], list[int]]], k: int, open_sequence: OpenS
         pos, end = 0, len(continuation)
         while pos < end:
             started = time.perf_counter()
-            block = sequence.propose(min(k, end - pos - 1)).token_ids if end - pos > 1 and k > 0 else []
-            stats.draft_s += time.perf_counter() - started
-            matched = accept_greedy(block, continuation[pos:])
-            emitted = continuation[pos:pos + matched + 1]  # the accepted drafts and the target's own token
-            started = time.perf_counter()
-            sequence.update(len(prompt_ids) + pos + matched, emitted[matched:])
-            stats.draft_s += time.perf_counter() - started
+            block, matched, emitted = greedy_round(sequence, len(prompt_ids) + pos, continuation[pos:],
+                                                   min(k, end - pos - 1))
+            stats.draft_s += time.perf_counter() - started  # propose and update (and the microseconds of matching)
             stats.rounds_by_block[len(block)] += 1
             stats.accepted += matched
             stats.tokens += len(emitted)

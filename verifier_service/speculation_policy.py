@@ -144,7 +144,7 @@ class RoundCost:
         a, b = self.line(drafted_only=True) if drafted_sizes >= 2 else through_all
         fitted = [a + b * k for k in range(max_k + 1)]
         measured = {n: e.value for n, e in self.seconds.items()
-                    if n and e.value is not None and e.samples >= MEASURED_AFTER and drafted_sizes >= 2}
+                    if n and e.value is not None and e.samples >= MEASURED_AFTER} if drafted_sizes >= 2 else {}
         times = [t0]
         for k in range(1, max_k + 1):
             below = max((n for n in measured if n <= k), default=None)
