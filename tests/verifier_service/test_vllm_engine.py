@@ -143,23 +143,36 @@ def test_eight_concurrent_streams_share_engine_steps_and_fallbacks_are_counted_o
 
 
 def test_round_time_does_not_grow_with_context(stack, vllm_tokenizer):
-    """A round at a 1,500-token context costs within 1.3x one at 200 tokens (no re-prefill)."""
+    """A round's cost grows with context far less than a prefill of that context would add (no re-prefill).
+
+    Attention over a longer cache does cost more per round (1.34x at 1,500 tokens against 200 on one CI
+    CPU, 1.1x on another), so the bound is the prefill itself, measured in the same run: a round that
+    re-read its context would grow by the whole prefill difference.
+    """
     services, _gateway = stack
     verifier = verifier_pb2_grpc.VerifierServiceStub(grpc.insecure_channel(services["verifier"].address))
     base = vllm_tokenizer.encode("The quick brown fox jumps over the lazy dog. ", add_special_tokens=False)
 
-    def round_ms(length):
-        prompt = (base * (length // len(base) + 1))[:length]
-        first, rounds = None, 0
-        for message in verifier.Decode(verifier_pb2.DecodeRequest(
-                request_id="ctx", prompt_token_ids=prompt, max_tokens=64, num_speculative_tokens=4,
-                sampling=common_pb2.SamplingParams(temperature=0.0)), timeout=120):
-            rounds += 1
-            first = first or time.perf_counter()
-        return (time.perf_counter() - first) * 1000 / max(rounds - 1, 1)
+    calls = iter(range(10, 300))
 
-    # Interleaved and paired: `make test` runs another worker beside this one, whose load comes and goes; measured
-    # one length after the other, a busy spell fell on the long rounds only (93.9 ms vs 57.8 ms, a false failure).
-    pairs = [(round_ms(200), round_ms(1500)) for _ in range(7)]
-    ratio = statistics.median(long / short for short, long in pairs)
-    assert ratio < 1.3, f"round at 1,500 tokens / at 200, median of 7 interleaved pairs: {ratio:.2f} ({pairs})"
+    def decode(length, max_tokens, k):
+        """(ms to the first message, ms per later message); a new first token each call, so vLLM's prefix cache misses."""
+        prompt = ([next(calls)] + base * (length // len(base) + 1))[:length]
+        start, first, messages = time.perf_counter(), None, 0
+        for _message in verifier.Decode(verifier_pb2.DecodeRequest(
+                request_id="ctx", prompt_token_ids=prompt, max_tokens=max_tokens, num_speculative_tokens=k,
+                sampling=common_pb2.SamplingParams(temperature=0.0)), timeout=120):
+            messages += 1
+            first = first or time.perf_counter()
+        end = time.perf_counter()
+        return (end - start) * 1000, (end - first) * 1000 / max(messages - 1, 1)
+
+    # Interleaved and paired: `make test` runs another worker beside this one, whose load comes and goes.
+    prefill_growth, round_growth = [], []
+    for _ in range(7):
+        prefill_growth.append(decode(1500, 1, 0)[0] - decode(200, 1, 0)[0])
+        round_growth.append(decode(1500, 64, 4)[1] - decode(200, 64, 4)[1])
+    prefill, per_round = statistics.median(prefill_growth), statistics.median(round_growth)
+    assert per_round < 0.6 * prefill, (
+        f"a round at 1,500 tokens costs {per_round:.1f} ms more than at 200 (median of 7 pairs {round_growth}); "
+        f"a prefill of 1,500 tokens costs {prefill:.1f} ms more than of 200 ({prefill_growth})")
