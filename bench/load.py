@@ -2,6 +2,7 @@
 
     python -m bench.load --model .cache/models/smollm2-135m-instruct        # make bench-load
     python -m bench.load --model DIR --rates 0.25,0.5,1,2 --num-prompts 32 --spec-max-concurrency 4
+    python -m bench.load --model DIR --rates 2,4,8,32 --num-prompts 48 --repeats 2   # past the crossover
 
 Starts the stack once (n-gram draft, the chosen verifier engine; the gateway's
 HTTP port), writes the shipped workloads (bench/workloads/, chat-formatted) as
@@ -17,7 +18,9 @@ mode), in each mode:
 
 All requests are greedy. Reports TTFT, inter-token latency (ITL: between
 streamed chunks, and a chunk holds all the tokens a round accepted), time per
-output token (TPOT: the per-token speed a user sees) and output tokens/s.
+output token (TPOT: the per-token speed a user sees) and output tokens/s, and what the verifier did
+for each point (its /metrics before and after: drafted rounds, draft and accepted tokens, rounds
+decoded without speculation by reason, e.g. "load" above --spec-max-concurrency).
 Speculation pays while it lowers TPOT; the crossover is the request rate at
 which fixed-k speculation's median TPOT meets speculation off's (log-rate
 interpolation), and the adaptive policy is then compared with off above it.
@@ -32,6 +35,7 @@ import json
 import math
 import os
 import pathlib
+import statistics
 import subprocess
 import tempfile
 
@@ -97,9 +101,11 @@ def run_sweep(args, modes: list[str], rates: list[float], workdir: pathlib.Path)
     kwargs = stack_kwargs(args, ["--spec-max-concurrency", str(args.spec_max_concurrency)])
     with running_stack(args.model, log_dir=workdir, **kwargs) as services:
         http_port = services["gateway"].http_port
-        # the same order of modes at every rate would favour one: alternate it
-        sweep = [{"mode": mode, "rate": rate, "argv": bench_argv(args, http_port, dataset, rate, mode)}
-                 for i, rate in enumerate(rates) for mode in (modes if i % 2 == 0 else modes[::-1])]
+        # the same order of modes at every rate (or repeat) would favour one: alternate it
+        sweep = [{"mode": mode, "rate": rate, "repeat": repeat, "metrics_port": services["verifier"].metrics_port,
+                  "argv": bench_argv(args, http_port, dataset, rate, mode)}
+                 for repeat in range(args.repeats) for i, rate in enumerate(rates)
+                 for mode in (modes if (i + repeat) % 2 == 0 else modes[::-1])]
         sweep_path, results_path = workdir / "sweep.json", workdir / "results.json"
         sweep_path.write_text(json.dumps(sweep))
         env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "VLLM_CACHE_ROOT": str(REPO_ROOT / ".cache" / "vllm")}
@@ -108,12 +114,43 @@ def run_sweep(args, modes: list[str], rates: list[float], workdir: pathlib.Path)
     return json.loads(results_path.read_text())
 
 
+SUMMED = ["completed", "failed", "total_output_tokens"]
+MEDIAN_OF_REPEATS = ["duration", "request_throughput", "output_throughput", "mean_ttft_ms", "median_ttft_ms",
+                     "p99_ttft_ms", "mean_tpot_ms", "median_tpot_ms", "p99_tpot_ms", "mean_itl_ms", "median_itl_ms",
+                     "p99_itl_ms", "mean_e2el_ms", "median_e2el_ms"]
+
+
 def summarize(points: list[dict]) -> list[dict]:
-    keys = ["completed", "failed", "duration", "request_throughput", "output_throughput", "total_output_tokens",
-            "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "median_tpot_ms", "p99_tpot_ms",
-            "mean_itl_ms", "median_itl_ms", "p99_itl_ms", "mean_e2el_ms", "median_e2el_ms"]
-    rows = [{"rate": p["rate"], "mode": p["mode"], **{k: p["result"].get(k) for k in keys}} for p in points]
+    """One row per (rate, mode): counts summed over the repeats, every other metric their median; the
+    per-repeat values of the plotted metrics under "by_repeat"."""
+    groups: dict[tuple[float, str], list[dict]] = {}
+    counters: dict[tuple[float, str], list[dict]] = {}
+    for point in points:
+        groups.setdefault((point["rate"], point["mode"]), []).append(point["result"])
+        counters.setdefault((point["rate"], point["mode"]), []).append(point.get("verifier"))
+    rows = []
+    for (rate, mode), results in groups.items():
+        row = {"rate": rate, "mode": mode, "repeats": len(results)}
+        row.update({k: sum(r.get(k) or 0 for r in results) for k in SUMMED})
+        for k in MEDIAN_OF_REPEATS:
+            values = [r[k] for r in results if r.get(k) is not None]
+            row[k] = statistics.median(values) if values else None
+        row["by_repeat"] = {k: [r.get(k) for r in results] for k, _label in METRICS}
+        row["verifier"] = verifier_totals(counters[(rate, mode)])
+        rows.append(row)
     return sorted(rows, key=lambda r: (r["rate"], MODES.index(r["mode"])))
+
+
+def verifier_totals(changes: list[dict | None]) -> dict | None:
+    """The verifier's counters summed over a point's repeats (None when they were not scraped)."""
+    if not changes or any(c is None for c in changes):
+        return None
+    total = {key: sum(c[key] for c in changes) for key in ("drafts", "draft_tokens", "accepted_tokens", "tokens")}
+    total["fallback_rounds"] = {}
+    for change in changes:
+        for reason, n in change["fallback_rounds"].items():
+            total["fallback_rounds"][reason] = total["fallback_rounds"].get(reason, 0) + n
+    return total
 
 
 def by_mode(rows: list[dict], mode: str, key: str) -> dict[float, float]:
@@ -164,7 +201,11 @@ def plot(rows: list[dict], cross: dict, title: str, path: pathlib.Path) -> None:
         for mode in MODES:
             values = by_mode(rows, mode, key)
             if values:
-                ax.plot(list(values), list(values.values()), marker="o", label=mode)
+                line, = ax.plot(list(values), list(values.values()), marker="o", label=mode)
+                spread = [(r["rate"], v) for r in rows if r["mode"] == mode and r.get("by_repeat")
+                          for v in r["by_repeat"][key] if v is not None and r["repeats"] > 1]
+                if spread:  # each repeat, faint, around the median
+                    ax.scatter(*zip(*spread), color=line.get_color(), alpha=0.3, s=12)
         if cross.get("rate"):
             ax.axvline(cross["rate"], color="grey", linestyle="--", label=f"crossover {cross['rate']:.3g} req/s")
         ax.set_xscale("log", base=2)
@@ -202,6 +243,7 @@ def main(argv=None) -> int:
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "setup": {"model": pathlib.Path(args.model).name, "engine": args.engine, "dtype": args.dtype,
                   "draft": "ngram", "workloads": args.workloads, "num_prompts_per_point": args.num_prompts,
+                  "repeats": args.repeats,
                   "max_tokens": args.max_tokens, "k_fixed": args.num_speculative_tokens,
                   "spec_max_concurrency": args.spec_max_concurrency, "temperature": 0, "rates": rates,
                   "modes": modes, "machine": machine_info(args.threads, "PASSIVE")},
@@ -213,11 +255,16 @@ def main(argv=None) -> int:
     json_path.write_text(json.dumps(result, indent=1) + "\n")
     labels = {"off": "speculation off", "fixed": f"fixed k={args.num_speculative_tokens}", "adaptive": "adaptive"}
     plot(rows, cross, f"{name} via vllm bench serve: {' / '.join(labels[m] for m in modes)}, "
-                      f"{args.num_prompts} requests per point, greedy", png_path)
+                      f"{args.num_prompts} requests per point, greedy"
+                      + (f", median of {args.repeats} sweeps" if args.repeats > 1 else ""), png_path)
     for row in rows:
         print(f"{row['rate']:>7g} req/s {row['mode']:>8}: TTFT {row['median_ttft_ms'] or 0:8.1f} ms, "
               f"TPOT {row['median_tpot_ms'] or 0:7.1f} ms, ITL {row['median_itl_ms'] or 0:7.1f} ms, "
-              f"{row['output_throughput'] or 0:7.1f} tok/s ({row['completed']} ok, {row['failed']} failed)")
+              f"{row['output_throughput'] or 0:7.1f} tok/s ({row['completed']} ok, {row['failed']} failed)"
+              + (f"; tok/s by repeat {[round(v or 0, 1) for v in row['by_repeat']['output_throughput']]}"
+                 if row["repeats"] > 1 else "")
+              + (f"; verifier: {row['verifier']['drafts']:g} drafted rounds, fallback rounds "
+                 f"{ {k: int(v) for k, v in row['verifier']['fallback_rounds'].items()} }" if row["verifier"] else ""))
     print(f"crossover ({cross['metric']}): {cross.get('rate') or cross.get('note')}; wrote {json_path} and {png_path}")
     return 0
 

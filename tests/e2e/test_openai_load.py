@@ -35,6 +35,10 @@ def test_load_tool_sweeps_rates_and_modes_through_the_http_api(tiny_pair, tmp_pa
     for row in rows:
         assert (row["completed"], row["failed"]) == (3, 0), row
         assert row["output_throughput"] > 0 and row["median_ttft_ms"] > 0 and row["median_tpot_ms"] > 0
+        # what the verifier did, from its /metrics around the point: off never drafts
+        assert row["verifier"]["tokens"] >= 3 * 8, row
+        assert row["mode"] != "off" or row["verifier"]["drafts"] == 0, row
+    assert sum(row["verifier"]["drafts"] for row in rows if row["mode"] == "fixed") > 0
     cross = result["crossover"]
     assert cross["metric"] == "median_tpot_ms" and set(cross["off_over_on"]) == {"4.0", "16.0"}
     assert cross["rate"] is None or 4 <= cross["rate"] <= 16
