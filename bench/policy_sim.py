@@ -172,6 +172,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{r['workload']:<12} {r['method']:<7} {r['adaptive']:>8.3f} {r['best_k']:>6} {r['best_fixed']:>6.3f} "
               f"{r['ratio']:>6.3f} {r['acceptance']:>6.2f}  " + " ".join(f"{r['by_k'][k]:<6.3f}" for k in args.fixed_k)
               + flag)
+    adaptive = {(r["workload"], r["method"]): r["adaptive"] for r in rows}
+    print("suffix / ngram, adaptive (issue 15: >= 1.5 on the repetitive workloads, >= 0.97 on the others): "
+          + ", ".join(f"{w} {adaptive[w, 'suffix'] / adaptive[w, 'ngram']:.2f}" for w in args.workloads))
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
     return 0

@@ -4,8 +4,8 @@ SuffixDecoding (Oliaro et al., arXiv 2411.04975; vLLM's `suffix` method, backed 
 arctic-inference). No model. Two kinds of suffix tree (`draft_service/suffix_cache.py`):
 - the request's own: its prompt and the tokens the target has verified so far;
 - the global cache: the outputs of finished requests, one tree per scope (`--suffix-scope`).
-Each proposal takes the better-scoring draft of the two (the request's own on a tie, as Arctic
-does). Its length adapts to the evidence: at most `max_spec_factor * match_len` tokens, and it
+Each proposal takes the request's own draft unless the cache matched a longer tail of the context
+(`prefer_own`; Arctic takes the better score). Its length adapts to the evidence: at most `max_spec_factor * match_len` tokens, and it
 stops where the continuation's estimated probability falls below `min_token_prob`, so a weak
 match drafts fewer tokens or none. The verifier's k is the maximum.
 
@@ -25,7 +25,7 @@ from __future__ import annotations
 import dataclasses
 
 from draft_service.proposer import DraftSequence, Proposer, ProposerError
-from draft_service.suffix_cache import Insertion, SuffixCache, SuffixTree
+from draft_service.suffix_cache import Draft, Insertion, SuffixCache, SuffixTree
 from specdec import metrics
 from specdec.config import option
 from specdec.draft_block import DraftBlock
@@ -101,7 +101,7 @@ class SuffixSequence(DraftSequence):
         args = (k, config.suffix_max_spec_factor, config.suffix_max_spec_offset, config.suffix_min_token_prob)
         own = self._tree.speculate(context, *args)
         cached = self._cache.speculate(self._scope, context, *args)
-        draft, source = (own, "request") if own.score >= cached.score else (cached, "cache")
+        draft, source = (own, "request") if prefer_own(own, cached) else (cached, "cache")
         metrics.SUFFIX_PROPOSALS.inc()
         if draft.token_ids:
             metrics.SUFFIX_PROPOSALS_MATCHED.labels(source=source).inc()
@@ -135,6 +135,23 @@ class SuffixSequence(DraftSequence):
             self._tree = SuffixTree(self._config.suffix_max_depth)
             self._track = self._tree.track(self.tokens)
             self._track.index_to(length)
+
+
+def prefer_own(own: Draft, cached: Draft) -> bool:
+    """The request's own draft, unless the cache's rests on a strictly longer match (or the request has none).
+
+    Arctic (and vLLM's `suffix`) take the higher score, a sum of continuation frequencies. On an equal
+    match that favours the cache, whose frequencies pool many other outputs, over the request's own
+    text, which predicts the request better. On the structured workload (JSON and code, each prompt
+    different), replayed at k = 1 (`bench/policy_sim.py`), the suffix draft proposed 107 tokens and had
+    20 accepted; with the cache off, 79 and 38. With this rule adaptive suffix/ngram there went 0.90 ->
+    1.00 on the Xeon's fp32 curve and 0.96 -> 1.00 on the EPYC's bf16 one; no workload's fell by more
+    than 0.02.
+    A longer match in the cache is more specific evidence than the request has, and wins.
+    """
+    if not own.token_ids:
+        return not cached.token_ids
+    return own.match_len >= cached.match_len
 
 
 def record_insertion(cache: SuffixCache, insertion: Insertion) -> None:

@@ -110,12 +110,20 @@ def test_rollback_removes_unverified_tokens_from_the_request_tree():
     seq._tree.check([seq.tokens], refs=[seq.tokens])
 
 
-def test_the_cache_wins_with_stronger_evidence():
+def test_the_cache_wins_with_a_longer_match():
+    suffix = proposer()
+    generate(suffix, [100], [9, 1, 2, 5, 6])
+    # own tree: [1, 2] went on with [3, 4] ([9, 1, 2] only ends the prompt); the cache matches [9, 1, 2]
+    assert start(suffix, [1, 2, 3, 4, 9, 1, 2]).propose(4).token_ids == [5, 6]
+
+
+def test_on_an_equal_match_the_request_wins_over_a_higher_scoring_cache():
     suffix = proposer()
     for _ in range(3):
         generate(suffix, [100], [1, 2, 5, 6])
-    # own tree: [1, 2] went on with [3, 4] once (p=1/2, as the current [1, 2] ends there); cache: [5, 6] always
-    assert start(suffix, [1, 2, 3, 4, 0, 1, 2]).propose(4).token_ids == [5, 6]
+    # both match [1, 2]: the cache's [5, 6] always followed it (score 2), the request's [3, 4] once of two
+    # occurrences (score 1); the request's own text is the better predictor of itself (prefer_own)
+    assert start(suffix, [1, 2, 3, 4, 0, 1, 2]).propose(4).token_ids == [3, 4]
 
 
 def test_the_request_wins_with_stronger_evidence():
