@@ -39,6 +39,7 @@ import statistics
 import subprocess
 import tempfile
 
+from bench.load_vllm import COUNTERS
 from bench.methods import add_stack_options, stack_kwargs
 from bench.workloads import load_workload
 from specdec.stack import REPO_ROOT
@@ -124,19 +125,18 @@ def summarize(points: list[dict]) -> list[dict]:
     """One row per (rate, mode): counts summed over the repeats, every other metric their median; the
     per-repeat values of the plotted metrics under "by_repeat"."""
     groups: dict[tuple[float, str], list[dict]] = {}
-    counters: dict[tuple[float, str], list[dict]] = {}
     for point in points:
-        groups.setdefault((point["rate"], point["mode"]), []).append(point["result"])
-        counters.setdefault((point["rate"], point["mode"]), []).append(point.get("verifier"))
+        groups.setdefault((point["rate"], point["mode"]), []).append(point)
     rows = []
-    for (rate, mode), results in groups.items():
+    for (rate, mode), repeats in groups.items():
+        results = [p["result"] for p in repeats]
         row = {"rate": rate, "mode": mode, "repeats": len(results)}
         row.update({k: sum(r.get(k) or 0 for r in results) for k in SUMMED})
         for k in MEDIAN_OF_REPEATS:
             values = [r[k] for r in results if r.get(k) is not None]
             row[k] = statistics.median(values) if values else None
         row["by_repeat"] = {k: [r.get(k) for r in results] for k, _label in METRICS}
-        row["verifier"] = verifier_totals(counters[(rate, mode)])
+        row["verifier"] = verifier_totals([p.get("verifier") for p in repeats])
         rows.append(row)
     return sorted(rows, key=lambda r: (r["rate"], MODES.index(r["mode"])))
 
@@ -145,7 +145,7 @@ def verifier_totals(changes: list[dict | None]) -> dict | None:
     """The verifier's counters summed over a point's repeats (None when they were not scraped)."""
     if not changes or any(c is None for c in changes):
         return None
-    total = {key: sum(c[key] for c in changes) for key in ("drafts", "draft_tokens", "accepted_tokens", "tokens")}
+    total = {key: sum(c[key] for c in changes) for key in COUNTERS.values()}
     total["fallback_rounds"] = {}
     for change in changes:
         for reason, n in change["fallback_rounds"].items():
