@@ -5,9 +5,10 @@ arctic-inference). No model. Two kinds of suffix tree (`draft_service/suffix_cac
 - the request's own: its prompt and the tokens the target has verified so far;
 - the global cache: the outputs of finished requests, one tree per scope (`--suffix-scope`).
 Each proposal takes the request's own draft unless the cache matched a longer tail of the context
-(`prefer_own`; Arctic takes the better score). Its length adapts to the evidence: at most `max_spec_factor * match_len` tokens, and it
-stops where the continuation's estimated probability falls below `min_token_prob`, so a weak
-match drafts fewer tokens or none. The verifier's k is the maximum.
+(`prefer_own`; Arctic takes the better score). Its length adapts to the evidence: at most
+`max_spec_factor * match_len` tokens, and it stops where the continuation's estimated probability
+falls below `min_token_prob`, so a weak match drafts fewer tokens or none. The verifier's k is the
+maximum.
 
 What enters the global cache, and when: only at `finish()` (the verifier ended the stream
 normally), and only tokens the target verified (`tokens[prompt:verified]`). A cancelled or failed
@@ -145,9 +146,8 @@ def prefer_own(own: Draft, cached: Draft) -> bool:
     text, which predicts the request better. On the structured workload (JSON and code, each prompt
     different), replayed at k = 1 (`bench/policy_sim.py`), the suffix draft proposed 107 tokens and had
     20 accepted; with the cache off, 79 and 38. With this rule adaptive suffix/ngram there went 0.90 ->
-    1.00 on the Xeon's fp32 curve and 0.96 -> 1.00 on the EPYC's bf16 one; no workload's fell by more
-    than 0.02.
-    A longer match in the cache is more specific evidence than the request has, and wins.
+    1.00 on the Xeon's fp32 curve and 0.96 -> 1.00 on the EPYC's bf16 one, and no workload's ratio fell
+    by more than 0.02. A longer match in the cache is more specific evidence than the request has, and wins.
     """
     if not own.token_ids:
         return not cached.token_ids
