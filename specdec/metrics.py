@@ -68,6 +68,10 @@ ENGINE_STEP_SEQUENCES = Histogram(
     "specdec_engine_step_sequences", "Sequences that received tokens from one batched engine step (vLLM engine)",
     buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
 )
+STEP_BASE_TIME = Gauge("specdec_engine_step_base_seconds",
+                       "Batched engine step time, fitted T(n) = base + per_token * n over decode-only steps: base")
+STEP_TOKEN_TIME = Gauge("specdec_engine_step_token_seconds",
+                        "Batched engine step time, fitted T(n) = base + per_token * n: what each token computed adds")
 
 
 # Suffix decoding (draft_service/suffix.py): the global cache of finished outputs, and how often it drafts.

@@ -17,7 +17,8 @@ class VerifierConfig(ModelConfig):
     num_speculative_tokens: int = option(4, "default block length k when a request leaves it unset")
     max_speculative_tokens: int = option(16, "largest k a request may ask for")
     spec_max_concurrency: int = option(
-        0, "adaptive requests decode without speculation while more sequences than this are live (0: no limit)")
+        0, "adaptive requests decode without speculation while more sequences than this are live (0: no cap; the "
+           "vLLM engine charges each block to the batched step it joins either way)")
     draft_timeout_ms: float = option(1000.0, "a round waits this long for its draft block, then decodes without it")
     draft_ahead: bool = option(True, "pipelined drafting: the draft drafts the next block while this one is verified "
                                      "and sends it ahead; a round whose outcome it assumed waits for no round trip")

@@ -29,7 +29,7 @@ from specdec import metrics
 from specdec.draft_block import DraftBlock
 from specdec.v1 import common_pb2
 from verifier_service.draft_client import DraftSession
-from verifier_service.speculation_policy import SpeculationPolicy
+from verifier_service.speculation_policy import Batch, SpeculationPolicy
 
 
 @dataclasses.dataclass
@@ -83,6 +83,7 @@ class Round:
     forward_s: float | None = None  # the target's forward pass (None: measured per engine step elsewhere)
     fallback: str = ""  # why the round had no draft although the request speculates ("" otherwise)
     target_token: int | None = None  # the target's own token (correction or bonus)
+    shared: bool = False  # the step verified other sequences too (vLLM): its time is the batch's, not this row's
 
 
 # Why a round has no block although the draft was asked for one (DraftSession.propose; "timeout": the
@@ -103,11 +104,11 @@ class RequestSpeculation:
         self.block_came_ahead = False  # the last proposed block was drafted ahead
         self.asked_k = 0  # the k the draft was last asked for (0: not asked)
 
-    def block_size(self, remaining_tokens: int, remaining_context: int) -> int:
-        """k for the next round (0: a plain step)."""
+    def block_size(self, remaining_tokens: int, remaining_context: int, batch: Batch | None = None) -> int:
+        """k for the next round (0: a plain step); `batch`: the rest of the engine step the block would join."""
         if self.draft is None:
             return 0
-        return self.policy.block_size(remaining_tokens, remaining_context, self.live_sequences())
+        return self.policy.block_size(remaining_tokens, remaining_context, self.live_sequences(), batch)
 
     async def propose(self, tokens: list[int], k: int) -> tuple[DraftBlock, str]:
         """Up to k draft tokens after `tokens`, and why the block is empty where it is ("" otherwise)."""
@@ -130,10 +131,11 @@ class RequestSpeculation:
             if round_.fallback:
                 self.stats.num_fallback_rounds += 1
                 metrics.FALLBACK_ROUNDS.labels(reason=round_.fallback).inc()
+        seconds = 0.0 if round_.shared else round_.seconds  # a shared step's time is for StepCost, not RoundCost
         if not round_.num_draft_tokens and round_.fallback in DRAFT_GAVE_NOTHING and self.asked_k:
-            self.policy.observe(self.asked_k, 0, round_.seconds)  # drafting's price, not a plain step's
+            self.policy.observe(self.asked_k, 0, seconds)  # drafting's price, not a plain step's
         else:
-            self.policy.observe(round_.num_draft_tokens, round_.num_accepted, round_.seconds)
+            self.policy.observe(round_.num_draft_tokens, round_.num_accepted, seconds)
         if round_.forward_s is not None:
             metrics.VERIFY_FORWARD_TIME.observe(round_.forward_s)
         if round_.draft_wait_s is not None:

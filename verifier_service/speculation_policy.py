@@ -31,8 +31,15 @@ verifies k draft tokens (forward pass, draft wait, transport), k = 0 being a pla
   slow as the target has every block accepted and still loses. Where the measured round times
   say that even blocks accepted whole would lose (a slow or far draft), the cool-down is the
   longest at once: every retry would cost a draft round for nothing;
-- speculation turns off while more sequences are live than `max_concurrency` (the target has no
-  spare compute to verify with), and back on when load drops.
+- where one forward pass verifies many sequences' blocks (the vLLM engine's batched step), a row's
+  block delays every row of the step, so the choice maximises the step's tokens per second, not the
+  row's: k* = argmax_k (E(k, alpha) + S) / T_step(k), where S is what the other rows emit per step
+  and T_step(k) the step's time with this row's k more tokens, from `StepCost`'s measured line of
+  step time against the tokens a step computes. Alone in the step (S = 0) this is the rule above.
+  Where the block would pay for the row but not for the step, the row decodes plainly ("load")
+  and asks again next step, without a cool-down: it is the load, not the text, that says no;
+- speculation turns off while more sequences are live than `max_concurrency` (a fixed cap, for
+  operators who want one), and back on when load drops.
 Every choice is lossless: k only changes how fast tokens arrive. `python -m bench.policy_sim`
 replays the policy over the target's known greedy outputs of the shipped workloads, against
 every fixed k, in seconds.
@@ -52,6 +59,7 @@ PRIOR_SLOPE = 0.1  # T(k) = T(0) (1 + 0.1 k) until rounds at two block sizes hav
 MEASURED_AFTER = 2  # rounds of a block size before its own average stands for T(k)
 COOLDOWN_ROUNDS = 8  # plain rounds before speculation is retried (doubles on each failed retry)
 MAX_COOLDOWN_ROUNDS = 256
+STEP_DECAY = 0.98  # StepCost's sums fade by this per observed engine step
 HOPELESS_AFTER_ROUNDS = 4  # drafted rounds measured server-wide before blocks may be judged unable to pay
 PROBE_K = 1  # the block a retry drafts
 DECAY = 0.9  # a request's acceptance counts fade by this per drafted round, so it follows the text
@@ -183,6 +191,66 @@ class RoundCost:
         return None if times is None else times[k]
 
 
+@dataclasses.dataclass
+class Batch:
+    """The rest of the engine step a row's block would join (the vLLM engine verifies every row in one pass)."""
+
+    other_tokens: float  # tokens the step's other rows emit
+    base_s: float  # the step's time without this row's block
+    per_token_s: float  # what each draft token of the block adds to it
+    wait_s: float  # what waiting for draft blocks adds to it
+
+    def times(self, max_k: int) -> list[float]:
+        """The step's wall time with this row verifying k draft tokens, k = 0..max_k."""
+        return [self.base_s + (self.per_token_s * k + self.wait_s if k else 0.0) for k in range(max_k + 1)]
+
+
+class StepCost:
+    """Server-wide, for a batched engine: an engine step's time against the tokens it computes, T(n) = a + b n.
+
+    Fitted by least squares over decode-only steps (a prefill's tokens cost differently), their sums
+    fading by STEP_DECAY per step. Until the steps have spanned at least two token counts, the line runs
+    through the origin (b = T / n, every token as dear as the average one: the compute-bound worst
+    case), so an unmeasured batch does not draft on credit. The wait for the draft blocks, paid once by
+    a step that verifies any, is its own average.
+    """
+
+    def __init__(self):
+        self.sums = [0.0] * 5  # weight, n, t, n^2, n t
+        self.wait = Ewma()
+
+    def observe(self, num_tokens: int, forward_s: float) -> None:
+        """One decode-only step: the tokens it computed (rows + their draft tokens) and its time, draft wait excluded."""
+        if num_tokens <= 0 or forward_s <= 0:
+            return
+        sample = (1.0, num_tokens, forward_s, num_tokens * num_tokens, num_tokens * forward_s)
+        self.sums = [STEP_DECAY * total + x for total, x in zip(self.sums, sample)]
+
+    def observe_wait(self, wait_s: float) -> None:
+        self.wait.add(wait_s)
+
+    def line(self) -> tuple[float, float] | None:
+        """(a, b) with T(n) = a + b n; None before any step was observed."""
+        weight, n, t, nn, nt = self.sums
+        if weight <= 0:
+            return None
+        mean_n, mean_t = n / weight, t / weight
+        var = nn / weight - mean_n ** 2
+        b = max(0.0, (nt / weight - mean_n * mean_t) / var) if var > 0.25 else mean_t / mean_n
+        if mean_t - b * mean_n < 0:  # steeper than through the origin: noise; no token is dearer than the average
+            b = mean_t / mean_n
+        return mean_t - b * mean_n, b
+
+    def batch(self, step_tokens: int, other_tokens: float) -> Batch | None:
+        """What a row's block would join: a step computing `step_tokens` without it, whose other rows emit
+        `other_tokens`. None while the row is alone (other_tokens = 0) or no step was observed."""
+        line = self.line()
+        if line is None or other_tokens <= 0:
+            return None
+        a, b = line
+        return Batch(other_tokens, a + b * step_tokens, b, self.wait.value or 0.0)
+
+
 class SpeculationPolicy:
     def __init__(self, default_k: int, max_k: int, requested_k: int | None = None, max_concurrency: int = 0,
                  cost: RoundCost | None = None, greedy: bool = True, draft_sizes_blocks: bool = False):
@@ -203,15 +271,16 @@ class SpeculationPolicy:
         """This request's acceptance, with the server-wide one as a prior."""
         return self.acceptance.value(prior=self.cost.acceptance[self.greedy].value())
 
-    def best_k(self, times: list[float] | None) -> int:
-        """The k with the most expected tokens per second for the round times `times` (cost.times(max_k));
-        0 when no block beats a plain step."""
+    def best_k(self, times: list[float] | None, other_tokens: float = 0.0) -> int:
+        """The k with the most expected tokens per second for the round times `times` (cost.times(max_k), or a
+        Batch's step times with the other rows emitting `other_tokens`); 0 when no block beats a plain step."""
         if times is None:
             return self.k
         alpha = min(self.alpha(), 0.999)
-        return max(range(self.max_k + 1), key=lambda k: (expected_tokens(alpha, k) / times[k], -k))
+        return max(range(self.max_k + 1), key=lambda k: ((expected_tokens(alpha, k) + other_tokens) / times[k], -k))
 
-    def block_size(self, remaining_tokens: int, remaining_context: int, live_sequences: int = 1) -> int:
+    def block_size(self, remaining_tokens: int, remaining_context: int, live_sequences: int = 1,
+                   batch: Batch | None = None) -> int:
         """k for the next round; 0 decodes without speculation."""
         self.off_reason = ""
         k = self.k
@@ -226,6 +295,12 @@ class SpeculationPolicy:
                 return 0
             times = self.cost.times(self.max_k)  # the lines fitted once per round
             k = PROBE_K if self.probing else self.best_k(times)
+            if k and batch is not None:
+                step_k = self.best_k(batch.times(self.max_k), batch.other_tokens)
+                if step_k == 0:
+                    self.off_reason = "load"  # pays for this row, costs the others more: asked again next step
+                    return 0
+                k = k if self.probing else step_k
             if k and self.draft_sizes_blocks and not self.probing:
                 k = self.max_k
             if k == 0:

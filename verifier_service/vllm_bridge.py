@@ -7,8 +7,12 @@ same per-request `RequestSpeculation`:
 
     for each row that emitted tokens this step:
         speculation.record(round)                     # accepted = emitted - 1: the one place
-        k = speculation.block_size(...)               # adaptive, per sequence
+        k = speculation.block_size(..., batch)        # adaptive, per sequence, for the whole step
     blocks = gather(speculation.propose(row) ...)     # concurrent Propose streams, one deadline
+    step_done(seconds)                                # the step's time against the tokens it computed
+
+A row's block lengthens the step for every row, so each row's k is chosen for the step's tokens per
+second (`Batch`), from the server-wide `StepCost` that every decode-only step feeds.
 
 It runs on vLLM's step thread; the draft streams live on the server's event loop.
 """
@@ -22,8 +26,11 @@ import typing
 
 from opentelemetry import context as otel_context
 
+from specdec import metrics
+
 from verifier_service.decode_loop import DecodeSpec
 from verifier_service.speculation import RequestSpeculation, Round
+from verifier_service.speculation_policy import StepCost
 
 
 @dataclasses.dataclass
@@ -47,6 +54,8 @@ class StepDrafter:
         self.max_context = max_context
         self.timeout_s = timeout_s
         self.sequences: dict[str, StepSequence] = {}  # by vLLM request id
+        self.step_cost = StepCost()
+        self._step: tuple[int, float] | None = None  # this step's (tokens computed, draft wait), if it only decoded
 
     def add(self, request_id: str, sequence: StepSequence) -> None:
         self.sequences[request_id] = sequence
@@ -61,24 +70,31 @@ class StepDrafter:
         num_tokens: typing.Sequence[int],  # [>= rows]
         token_ids: typing.Any,  # numpy [>= rows, max_model_len]
         max_k: int,
+        step_tokens: int | None = None,  # tokens this step computed (vLLM's total_num_scheduled_tokens)
     ) -> list[list[int]]:
         """Called by vLLM once per step: record the step, then one draft block per row (may be empty)."""
         now = time.perf_counter()
         blocks: list[list[int]] = [[] for _ in request_ids]
+        decoding = [(row, sequence, len(sampled_token_ids[row])) for row, sequence in
+                    ((row, self.sequences.get(request_id)) for row, request_id in enumerate(request_ids))
+                    if sequence is not None and row < len(sampled_token_ids) and sampled_token_ids[row]]
+        verified = sum(1 + sequence.last_k for _row, sequence, _emitted in decoding)  # rows + their draft tokens
+        emitted = sum(count for _row, _sequence, count in decoding)
         jobs = []
-        for row, request_id in enumerate(request_ids):
-            sequence = self.sequences.get(request_id)
-            if sequence is None or row >= len(sampled_token_ids) or not sampled_token_ids[row]:
-                continue  # not ours, or still prefilling
-            self._record_step(sequence, len(sampled_token_ids[row]), now)
+        # Another row in the step, or a prefill (more tokens computed than the rows' own): the step's time is the batch's.
+        shared = len(request_ids) > 1 or (step_tokens is not None and step_tokens != verified)
+        for row, sequence, count in decoding:
+            self._record_step(sequence, count, now, shared)
             length = int(num_tokens[row])
             generated = length - len(sequence.spec.prompt_ids)
+            batch = self.step_cost.batch(verified - sequence.last_k, emitted - count)
             k = min(max_k, sequence.speculation.block_size(sequence.spec.max_tokens - generated,
-                                                           self.max_context - length))
+                                                           self.max_context - length, batch))
             sequence.last_k, sequence.draft_wait_s = 0, None
             sequence.fallback = "" if k else sequence.speculation.policy.off_reason
             if k:
                 jobs.append((row, sequence, token_ids[row, :length].tolist(), k))
+        waited_s = 0.0
         if jobs:
             future = asyncio.run_coroutine_threadsafe(self._propose_all(jobs), self.loop)
             try:
@@ -87,16 +103,29 @@ class StepDrafter:
                 future.cancel()
                 results = [([], "timeout")] * len(jobs)
             waited_s = time.perf_counter() - now
+            self.step_cost.observe_wait(waited_s)
             for (row, sequence, _tokens, _k), (block, reason) in zip(jobs, results):
                 blocks[row] = block
                 sequence.last_k, sequence.fallback, sequence.draft_wait_s = len(block), reason, waited_s
+        # A step that computed more than its rows and their blocks prefilled too: its time says nothing of decoding.
+        self._step = (verified, waited_s) if decoding and step_tokens == verified else None
         return blocks
 
+    def step_done(self, seconds: float) -> None:
+        """The engine step that called propose took `seconds` in all (its forward pass, the draft wait, vLLM's own)."""
+        if self._step is not None:
+            tokens, waited_s = self._step
+            self.step_cost.observe(tokens, seconds - waited_s)
+            self._step = None
+            base_s, per_token_s = self.step_cost.line()
+            metrics.STEP_BASE_TIME.set(base_s)
+            metrics.STEP_TOKEN_TIME.set(per_token_s)
+
     @staticmethod
-    def _record_step(sequence: StepSequence, emitted: int, now: float) -> None:
+    def _record_step(sequence: StepSequence, emitted: int, now: float, shared: bool) -> None:
         """The previous step verified sequence.last_k tokens and emitted `emitted` (accepted + 1)."""
         accepted = min(emitted - 1, sequence.last_k)
-        sequence.speculation.record(Round(sequence.last_k, accepted, now - sequence.last_step_at,
+        sequence.speculation.record(Round(sequence.last_k, accepted, now - sequence.last_step_at, shared=shared,
                                           draft_wait_s=sequence.draft_wait_s, fallback=sequence.fallback))
         sequence.last_step_at = now
 

@@ -175,7 +175,9 @@ class VllmEngine:
             try:
                 started = time.perf_counter()
                 outputs = self.engine.step()
-                metrics.VERIFY_FORWARD_TIME.observe(time.perf_counter() - started)
+                step_s = time.perf_counter() - started
+                metrics.VERIFY_FORWARD_TIME.observe(step_s)
+                self.bridge.step_done(step_s)
             except Exception as exc:  # noqa: BLE001 (every waiting call gets the error, the thread lives on)
                 log.exception("vLLM engine step failed")
                 for submission in list(self._running.values()):

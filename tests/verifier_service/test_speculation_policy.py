@@ -11,6 +11,7 @@ from verifier_service.speculation_policy import (
     Acceptance,
     RoundCost,
     SpeculationPolicy,
+    StepCost,
 )
 
 
@@ -206,3 +207,53 @@ def test_a_hopeless_verdict_expires_so_that_short_requests_draft_again():
     assert sizes[-1] == PROBE_K and not any(sizes[:-1]), sizes  # a probe within a 32-token request
     policy.observe(PROBE_K, PROBE_K, 1.2 * plain)  # the draft is warm now: a fast round, accepted whole
     assert cost.plain_since_drafted == 0
+
+
+def step_cost(a: float, b: float, wait: float = 0.0, tokens=(4, 8, 12, 16)) -> StepCost:
+    """A StepCost that has seen decode-only steps taking a + b n seconds for n tokens computed."""
+    cost = StepCost()
+    for _ in range(5):
+        for n in tokens:
+            cost.observe(n, a + b * n)
+    cost.observe_wait(wait)
+    return cost
+
+
+def test_step_cost_fits_step_time_against_tokens_computed():
+    a, b = step_cost(0.05, 0.01).line()
+    assert a == pytest.approx(0.05) and b == pytest.approx(0.01)
+    assert StepCost().line() is None and StepCost().batch(8, 7.0) is None
+
+
+def test_one_batch_size_seen_charges_every_token_the_average():
+    """Steps of one size say nothing of the slope: assume the compute-bound worst case, not free tokens."""
+    a, b = step_cost(0.05, 0.01, tokens=(8,)).line()
+    assert a == pytest.approx(0.0) and b == pytest.approx((0.05 + 0.08) / 8)
+
+
+def test_a_row_alone_in_its_step_is_judged_by_its_own_rounds():
+    assert step_cost(0.05, 0.01).batch(step_tokens=1, other_tokens=0) is None
+
+
+def test_a_block_that_pays_for_its_row_but_costs_the_batch_more_waits_for_the_load_to_drop():
+    # a CPU: every token computed costs the same (compute-bound), and this row drafts well
+    cost = cost_of(0.05, 0.005, acceptance=0.8)
+    policy = SpeculationPolicy(default_k=4, max_k=8, cost=cost)
+    assert policy.block_size(1000, 1000) > 0  # alone, its block pays
+    batch = step_cost(0.0, 0.01).batch(step_tokens=15, other_tokens=15)  # 16 rows, 15 others
+    assert policy.block_size(1000, 1000, live_sequences=16, batch=batch) == 0 and policy.off_reason == "load"
+    assert policy.cooldown == 0  # no cool-down: the next step asks again
+    assert policy.block_size(1000, 1000, live_sequences=1) > 0
+
+
+def test_a_batch_whose_extra_tokens_are_nearly_free_keeps_drafting():
+    # a GPU: the step is memory-bound, 16 more tokens cost little
+    policy = SpeculationPolicy(default_k=4, max_k=8, cost=cost_of(0.05, 0.001, acceptance=0.8))
+    batch = step_cost(0.05, 0.0001, wait=0.001).batch(step_tokens=15, other_tokens=15)
+    assert policy.block_size(1000, 1000, live_sequences=16, batch=batch) >= 4
+
+
+def test_the_draft_wait_is_charged_to_the_step():
+    policy = SpeculationPolicy(default_k=4, max_k=8, cost=cost_of(0.05, 0.001, acceptance=0.8))
+    far = step_cost(0.05, 0.0001, wait=0.5).batch(step_tokens=3, other_tokens=3)  # a draft 500 ms away
+    assert policy.block_size(1000, 1000, live_sequences=4, batch=far) == 0 and policy.off_reason == "load"

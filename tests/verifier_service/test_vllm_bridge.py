@@ -3,6 +3,7 @@
 import asyncio
 
 import numpy as np
+import pytest
 from opentelemetry import context as otel_context
 
 from specdec.config import ServerConfig
@@ -15,17 +16,26 @@ from verifier_service.speculation_policy import SpeculationPolicy
 from verifier_service.vllm_bridge import StepDrafter, StepSequence
 
 
+@pytest.fixture
+def link_and_bridge():
+    """A draft link (to nowhere) and a bridge, on an event loop of their own."""
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)  # the gRPC channel binds to it
+    link = DraftLink("127.0.0.1:1", ServerConfig(), common_pb2.ModelInfo(vocab_size=10), timeout_s=0.2)
+    yield link, StepDrafter(loop, max_context=64, timeout_s=0.2)
+    loop.run_until_complete(link.close())
+    asyncio.set_event_loop(None)
+    loop.close()
+
+
 def sequence(link, prompt):
     spec = DecodeSpec("r", prompt, SamplingParams(temperature=1.0), 16, [], 4)
     speculation = RequestSpeculation(SpeculationPolicy(4, 16, 4), link.session("r", SamplingParams()))
     return StepSequence(spec, speculation, otel_context.get_current())
 
 
-def test_rows_record_accepted_tokens_and_skip_prefill_and_foreign_rows():
-    loop = asyncio.new_event_loop()
-    asyncio.set_event_loop(loop)  # the gRPC channel binds to it
-    link = DraftLink("127.0.0.1:1", ServerConfig(), common_pb2.ModelInfo(vocab_size=10), timeout_s=0.2)
-    bridge = StepDrafter(loop, max_context=64, timeout_s=0.2)
+def test_rows_record_accepted_tokens_and_skip_prefill_and_foreign_rows(link_and_bridge):
+    link, bridge = link_and_bridge
     ours, prefilling = sequence(link, [1, 2, 3]), sequence(link, [4, 5])
     bridge.add("a", ours)
     bridge.add("b", prefilling)
@@ -41,18 +51,12 @@ def test_rows_record_accepted_tokens_and_skip_prefill_and_foreign_rows():
     assert prefilling.speculation.stats.num_rounds == 0  # still prefilling: nothing emitted yet
     bridge.remove("a")
     assert "a" not in bridge.sequences
-    loop.run_until_complete(link.close())
-    asyncio.set_event_loop(None)
-    loop.close()
 
 
-def test_a_fallback_step_counts_in_the_request_and_in_prometheus():
+def test_a_fallback_step_counts_in_the_request_and_in_prometheus(link_and_bridge):
     from specdec import metrics
 
-    loop = asyncio.new_event_loop()
-    asyncio.set_event_loop(loop)  # the gRPC channel binds to it
-    link = DraftLink("127.0.0.1:1", ServerConfig(), common_pb2.ModelInfo(vocab_size=10), timeout_s=0.2)
-    bridge = StepDrafter(loop, max_context=64, timeout_s=0.2)
+    link, bridge = link_and_bridge
     ours = sequence(link, [1, 2, 3])
     bridge.add("a", ours)
     ours.last_k, ours.fallback, ours.draft_wait_s = 0, "timeout", 0.25
@@ -62,9 +66,6 @@ def test_a_fallback_step_counts_in_the_request_and_in_prometheus():
     assert ours.speculation.stats.num_fallback_rounds == 1
     assert metrics.FALLBACK_ROUNDS.labels(reason="timeout")._value.get() == before + 1
     assert metrics.DRAFT_WAIT_TIME._sum.get() >= waits + 0.25
-    loop.run_until_complete(link.close())
-    asyncio.set_event_loop(None)
-    loop.close()
 
 
 def test_an_engine_that_takes_no_q_gets_greedy_drafts():
@@ -86,3 +87,22 @@ def test_an_engine_that_takes_no_q_gets_greedy_drafts():
         await link.close()
 
     asyncio.run(scenario())
+
+
+def test_decode_only_steps_teach_the_step_cost_and_shared_steps_stay_out_of_round_times(link_and_bridge):
+    link, bridge = link_and_bridge
+    a, b = sequence(link, [1, 2, 3]), sequence(link, [4, 5])
+    bridge.add("a", a)
+    bridge.add("b", b)
+    a.last_k = 2  # the step verified row a's 2 draft tokens: 1 + 2 + 1 tokens computed
+    tokens = np.zeros((2, 64), dtype=np.int32)
+    bridge.propose(["a", "b"], [[7, 8], [9]], np.array([5, 3]), tokens, max_k=0, step_tokens=4)
+    bridge.step_done(0.2)
+    assert bridge.step_cost.sums[:3] == [1.0, 4, 0.2]  # one step: 4 tokens in 200 ms
+    bridge.propose(["a", "b"], [[7], [9]], np.array([6, 4]), tokens, max_k=0, step_tokens=40)  # a prefill rode along
+    bridge.step_done(0.9)
+    assert bridge.step_cost.sums[:3] == [1.0, 4, 0.2]  # not observed
+    assert a.speculation.policy.cost.seconds == {}  # both steps were the batch's, not row a's round time
+    bridge.remove("b")
+    bridge.propose(["a"], [[7]], np.array([7]), tokens, max_k=0, step_tokens=1)
+    assert 0 in a.speculation.policy.cost.seconds  # alone in its step: its own round time

@@ -140,6 +140,10 @@ def test_eight_concurrent_streams_share_engine_steps_and_fallbacks_are_counted_o
     assert waits >= sum(f.speculation.num_drafts for f in finals), "draft waits must be observed"
     assert shared > 0, "no engine step served more than 4 of the 8 streams"
     assert steps("8.0") - steps("4.0") > 0, "no engine step served 5-8 sequences"
+    # the line the policy charges each row's block to, fitted from these decode-only steps (vLLM's scheduled tokens)
+    base, per_token = after[("specdec_engine_step_base_seconds", ())], after[("specdec_engine_step_token_seconds", ())]
+    print(f"figure: vLLM step line fitted over 8 streams: {base * 1000:.2f} ms + {per_token * 1000:.3f} ms per token")
+    assert base >= 0 and per_token >= 0 and base + per_token > 0, "no decode-only step was observed"
 
 
 def test_round_time_does_not_grow_with_context(stack, vllm_tokenizer):
