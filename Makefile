@@ -63,8 +63,7 @@ bench: setup model  ## does speculation pay for my workload? writes bench/result
 .PHONY: bench-load
 bench-load: setup setup-vllm model  ## capacity under load through the OpenAI HTTP API (vllm bench serve): TTFT, ITL, tok/s per request rate, speculation off/fixed/adaptive, crossover plot in bench/results/load/
 	$(PY) -m bench.load --model $(MODEL_DIR) --engine vllm --dtype float32 --workloads extraction,faq \
-		--rates 0.5,1,2,4,16 --num-prompts 32 --max-tokens 32 --spec-max-concurrency 2 --repeats 2 \
-		--name vllm-fp32-smollm2-135m-sweep
+		--rates 0.5,1,2,4,16 --num-prompts 32 --max-tokens 32 --repeats 2 --name vllm-fp32-smollm2-135m-default
 
 .PHONY: bench-pipeline
 bench-pipeline: setup model  ## pipelined vs serial drafting behind an injected round trip (0, 5, 20 ms): speedup, round time, hit rate in bench/results/pipeline/

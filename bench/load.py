@@ -39,7 +39,7 @@ import statistics
 import subprocess
 import tempfile
 
-from bench.load_vllm import COUNTERS
+from bench.load_vllm import COUNTERS, GAUGES
 from bench.methods import add_stack_options, stack_kwargs
 from bench.workloads import load_workload
 from specdec.stack import REPO_ROOT
@@ -142,10 +142,12 @@ def summarize(points: list[dict]) -> list[dict]:
 
 
 def verifier_totals(changes: list[dict | None]) -> dict | None:
-    """The verifier's counters summed over a point's repeats (None when they were not scraped)."""
+    """The verifier's counters summed over a point's repeats (None when they were not scraped), and its gauges
+    (the engine step's fitted cost line) as each repeat left them."""
     if not changes or any(c is None for c in changes):
         return None
     total = {key: sum(c[key] for c in changes) for key in COUNTERS.values()}
+    total.update({key: [c.get(key) for c in changes] for key in GAUGES.values() if any(key in c for c in changes)})
     total["fallback_rounds"] = {}
     for change in changes:
         for reason, n in change["fallback_rounds"].items():

@@ -18,11 +18,14 @@ import sys
 COUNTERS = {"spec_decode_num_drafts_total": "drafts", "spec_decode_num_draft_tokens_total": "draft_tokens",
             "spec_decode_num_accepted_tokens_total": "accepted_tokens", "specdec_generated_tokens_total": "tokens"}
 FALLBACKS = "specdec_fallback_rounds_total"
+GAUGES = {"specdec_engine_step_base_seconds": "step_base_s", "specdec_engine_step_token_seconds": "step_token_s"}
 
 
 def verifier_counters(before: dict, after: dict) -> dict:
-    """{drafts, draft_tokens, accepted_tokens, tokens, fallback_rounds: {reason: n}}: after - before."""
+    """{drafts, draft_tokens, accepted_tokens, tokens, fallback_rounds: {reason: n}}: after - before; and the
+    engine step's fitted cost line (step_base_s, step_token_s) as it stood after, where the verifier exports it."""
     change = {label: after.get((name, ()), 0.0) - before.get((name, ()), 0.0) for name, label in COUNTERS.items()}
+    change.update({label: after[(name, ())] for name, label in GAUGES.items() if (name, ()) in after})
     change["fallback_rounds"] = {dict(labels)["reason"]: value - before.get((name, labels), 0.0)
                                  for (name, labels), value in after.items()
                                  if name == FALLBACKS and value - before.get((name, labels), 0.0)}

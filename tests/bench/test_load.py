@@ -57,6 +57,8 @@ def test_verifier_counters_are_the_change_in_the_scraped_metrics():
     before = {("spec_decode_num_drafts_total", ()): 4.0, ("specdec_fallback_rounds_total", (("reason", "load"),)): 7.0}
     after = {("spec_decode_num_drafts_total", ()): 10.0, ("specdec_generated_tokens_total", ()): 64.0,
              ("specdec_fallback_rounds_total", (("reason", "load"),)): 7.0,
-             ("specdec_fallback_rounds_total", (("reason", "not_paying"),)): 3.0}
+             ("specdec_fallback_rounds_total", (("reason", "not_paying"),)): 3.0,
+             ("specdec_engine_step_token_seconds", ()): 0.004}
     assert verifier_counters(before, after) == {"drafts": 6.0, "draft_tokens": 0.0, "accepted_tokens": 0.0,
-                                                "tokens": 64.0, "fallback_rounds": {"not_paying": 3.0}}
+                                                "tokens": 64.0, "fallback_rounds": {"not_paying": 3.0},
+                                                "step_token_s": 0.004}
