@@ -12,7 +12,9 @@ verifies k draft tokens (forward pass, draft wait, transport), k = 0 being a pla
   model, not of the request): the plain step's average for k = 0, and for k >= 1 the machine's
   verify-cost curve as measured, the average round time of each block size seen, linear between
   them and past them along a line fitted to those averages. A CPU's curve has steps (one here: 3
-  tokens cost 1.13x one, 4 tokens 1.64x), which a line would smooth into the wrong k. What every
+  tokens cost 1.13x one, 4 tokens 1.64x), which a line would smooth into the wrong k. The size just
+  past the timed ones is predicted at the largest timed size's cost until it is timed
+  (`RoundCost.optimistic`), so the policy tries it once instead of trusting the line. What every
   drafted round pays once (the draft's wait, the round trip to a remote draft) counts in full;
 - alpha is this request's acceptance, with the server-wide acceptance of requests with the same
   kind of sampling (greedy or not: sampled text is accepted far less often) as a prior worth a
@@ -169,6 +171,17 @@ class RoundCost:
             times.append(max(t, times[-1]) if k > 1 else t)
         return times
 
+    def optimistic(self, times: list[float] | None) -> list[float] | None:
+        """`times` (from times(max_k)) with the block size just past the timed ones predicted to cost no more than
+        the largest timed one, so that the policy tries it and learns its cost (at most one size past where
+        blocks stop paying). A CPU's curve has steps (here 3 tokens cost 1.13x one, 4 tokens 1.64x) that a line
+        through the sizes timed so far puts in the wrong place, and nothing else would ever time them."""
+        timed = [n for n, e in self.seconds.items() if n and e.samples >= MEASURED_AFTER]
+        if times is None or not timed or max(timed) >= len(times) - 1:
+            return times
+        largest = max(timed)
+        return times[:largest + 1] + [min(times[largest + 1], times[largest])] + times[largest + 2:]
+
     def hopeless(self, times: list[float] | None) -> bool:
         """Whether blocks lose even when accepted whole: (k + 1) tokens per T(k) never beat 1 per T(0), for the
         round times `times` (from times(max_k)). Judged only once enough drafted rounds were timed, and only for
@@ -294,7 +307,7 @@ class SpeculationPolicy:
                 self.probing = self.cooldown == 0
                 return 0
             times = self.cost.times(self.max_k)  # the lines fitted once per round
-            k = PROBE_K if self.probing else self.best_k(times)
+            k = PROBE_K if self.probing else self.best_k(self.cost.optimistic(times))
             if k and batch is not None:
                 step_k = self.best_k(batch.times(self.max_k), batch.other_tokens)
                 if step_k == 0:

@@ -118,6 +118,36 @@ def test_round_times_follow_the_measured_curve_not_a_line_through_it():
     assert all(later >= earlier for earlier, later in zip(times[1:], times[2:]))
     cost.acceptance[True] = seen(0.85)
     assert SpeculationPolicy(default_k=4, max_k=8, cost=cost).best_k(times) == 2
+    assert SpeculationPolicy(default_k=4, max_k=8, cost=cost).block_size(1000, 1000) == 5  # 5 is tried once...
+    for _ in range(2):
+        cost.observe(5, 0, 2.0)
+    assert SpeculationPolicy(default_k=4, max_k=8, cost=cost).block_size(1000, 1000) == 2  # ...and costs too much
+
+
+def test_the_next_block_size_past_the_measured_ones_is_tried_before_a_line_rules_it_out():
+    """With blocks of 1 measured (1.09 steps) and one early block of 4 (1.74), a line put k = 2 at 1.3 steps, so
+    the policy never tried it; on this CPU it costs 1.13 (`bench.policy_sim`: long_prompt and copy-heavy n-gram
+    stuck at k = 1, 0.94-0.96x the best fixed k). The size past the measured ones is predicted at the largest
+    measured size's cost until it is timed; once timed, its own average stands."""
+    cost = RoundCost()
+    cost.observe(4, 0, 1.74)
+    for _ in range(3):
+        cost.observe(0, 0, 1.00)
+        cost.observe(1, 0, 1.09)
+    assert cost.times(4)[2] > 1.25  # the line
+    assert cost.optimistic(cost.times(4))[2] == pytest.approx(1.09)
+    cost.acceptance[True] = seen(0.5)
+    policy = SpeculationPolicy(default_k=4, max_k=4, cost=cost)
+    assert policy.block_size(1000, 1000) == 2
+    for _ in range(2):
+        cost.observe(2, 0, 1.13)
+    times = cost.optimistic(cost.times(4))
+    assert times[2] == pytest.approx(1.13) and times[3] == pytest.approx(1.13)  # and now k = 3 is tried once
+    for _ in range(2):
+        cost.observe(3, 0, 1.64)
+    assert cost.optimistic(cost.times(4))[3] == pytest.approx(1.64)
+    assert policy.block_size(1000, 1000) == 2
+    assert not cost.hopeless(cost.times(4))
 
 
 def test_one_measured_block_size_is_not_yet_a_curve():
