@@ -27,7 +27,6 @@ import typing
 from opentelemetry import context as otel_context
 
 from specdec import metrics
-
 from verifier_service.decode_loop import DecodeSpec
 from verifier_service.speculation import RequestSpeculation, Round
 from verifier_service.speculation_policy import StepCost
