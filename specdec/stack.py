@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import pathlib
+import random
 import socket
 import subprocess
 import sys
@@ -23,10 +24,48 @@ REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
 SERVICE_ENV_DEFAULTS = {"OMP_WAIT_POLICY": "PASSIVE"}
 
 
+_HANDED_OUT: set[int] = set()
+
+
+def _ephemeral_low(default: int = 32768) -> int:
+    try:
+        return int(pathlib.Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return default
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A port no one listens on now, and that an outgoing connection will not take before the service binds it.
+
+    A port the kernel hands out for bind(0) comes from the ephemeral range, the same range every client
+    connection's local port comes from: between this check and the service's bind, a test's own gRPC channel
+    could take it ("Address already in use", seen in CI). So ports come from below that range, at random, split
+    by pytest-xdist worker so two workers never draw the same one, and never twice from one process.
+    """
+    low = _ephemeral_low()
+    span_low, span_high = 15000, low - 1
+    if span_high - span_low < 2000:  # an unusual range: fall back on the kernel's choice
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            return sock.getsockname()[1]
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    workers = max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+    index = int(worker[2:]) if worker[2:].isdigit() else 0
+    width = (span_high - span_low) // workers
+    start = span_low + (index % workers) * width
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(start, start + width)
+        if port in _HANDED_OUT:
+            continue
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _HANDED_OUT.add(port)
+        return port
+    raise RuntimeError(f"no free port found in {start}-{start + width}")
 
 
 def wait_serving(address: str, timeout_s: float = 60.0, process: subprocess.Popen | None = None,
