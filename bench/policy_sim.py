@@ -2,6 +2,7 @@
 
 python -m bench.policy_sim continuations --model DIR --out DIR   (once: the target's greedy outputs)
 python -m bench.policy_sim compare [--continuations DIR] [--verify-cost FILE]  (default: the shipped ones)
+python -m bench.policy_sim bound [--continuations DIR] [--verify-cost FILE]    (what any copying draft could reach)
 
 Greedy verification accepts exactly the longest prefix of a block that matches the target's own
 continuation (`bench.replay`), so with the continuations known, every round a request would run is
@@ -138,6 +139,68 @@ def compare(continuations: pathlib.Path, workloads: list[str], curve: dict[int, 
     return rows
 
 
+def lookup_oracle(runs: list[tuple[list[int], list[int]]], context: int = 0, max_block: int = 16) -> list[list[int]]:
+    """For each request, position by position: the longest run of the coming output that was seen before.
+
+    Seen text is every earlier request of the workload (prompt and output), the request's own prompt and
+    its output so far. An n-gram or suffix draft proposes a run of seen text, so it can never have more
+    accepted at a position than this: the bound holds for every draft that copies, however it matches.
+    context > 0: the run must also have followed the last `context` tokens where it was seen: an oracle
+    that matches that much context, then always picks the right one of the continuations it finds.
+    """
+    seen: set[tuple[int, ...]] = set()
+
+    def learn(tokens: list[int], end: int) -> None:  # every run of up to context + max_block tokens ending at `end`
+        for m in range(1, context + max_block + 1):
+            if end - m >= 0:
+                seen.add(tuple(tokens[end - m:end]))
+
+    longest = []
+    for prompt_ids, continuation in runs:
+        text = list(prompt_ids)
+        for end in range(1, len(text) + 1):
+            learn(text, end)
+        own = []
+        for i, token in enumerate(continuation):
+            tail = tuple(text[len(text) - context:]) if context else ()
+            m = 0
+            while m < max_block and i + m < len(continuation) and tail + tuple(continuation[i:i + m + 1]) in seen:
+                m += 1
+            own.append(m)
+            text.append(token)
+            learn(text, len(text))
+        longest.append(own)
+    return longest
+
+
+def oracle_steps(own: list[int], curve: VerifyCurve | None) -> float:
+    """The fewest target steps to emit a continuation when each round may draft up to own[i] tokens, all
+    accepted (a round drafting a emits a + 1 at v(a + 1); a = 0 is a plain step). Exact, by dynamic
+    programming from the end; no draft cost and no transport."""
+    n = len(own)
+    best = [0.0] * (n + 1)
+    for i in range(n - 1, -1, -1):
+        best[i] = min(round_cost(a, curve) + best[i + a + 1] for a in range(0, min(own[i], n - i - 1) + 1))
+    return best[0]
+
+
+def bound(continuations: pathlib.Path, workloads: list[str], curve: dict[int, float],
+          contexts: tuple[int, ...] = (0, 1, 2, 4, 6), skip: int = 4) -> list[dict]:
+    """Per workload: the copying oracle's speedup at each context length, over all requests and over those
+    after the first `skip` (the figure's "after the first 4")."""
+    rows = []
+    for workload in workloads:
+        runs = load_runs(continuations / f"{workload}.json")
+        tokens = [len(c) for _, c in runs]
+        row = {"workload": workload, "requests": len(runs), "oracle": {}, "oracle_after": {}}
+        for context in contexts:
+            steps = [oracle_steps(own, curve) for own in lookup_oracle(runs, context)]
+            row["oracle"][context] = sum(tokens) / sum(steps)
+            row["oracle_after"][context] = sum(tokens[skip:]) / sum(steps[skip:]) if len(runs) > skip else None
+        rows.append(row)
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.policy_sim", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -157,11 +220,20 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--c", type=float, default=0.0, help="draft cost per token, in target steps")
     s.add_argument("--rho", type=float, default=0.03, help="transport per drafted round, in target steps")
     s.add_argument("--json", type=pathlib.Path, help="also write the rows here")
+    b = sub.add_parser("bound", help="the speedup of an oracle that drafts the longest run of seen text the output "
+                                     "continues with: the ceiling for n-gram and suffix drafts")
+    b.add_argument("--continuations", type=pathlib.Path, default=SHIPPED_CONTINUATIONS)
+    b.add_argument("--workloads", nargs="+", default=DEFAULT_WORKLOADS)
+    b.add_argument("--verify-cost", type=pathlib.Path, default=DEFAULT_VERIFY_COST)
+    b.add_argument("--against", type=pathlib.Path, help="a `compare --json` result: print oracle / n-gram adaptive")
+    b.add_argument("--json", type=pathlib.Path, help="also write the rows here")
     args = p.parse_args(argv)
     if args.command == "continuations":
         generate(args.model, args.out, args.workloads, args.max_prompts, args.max_tokens)
         return 0
     curve = load_curve(args.verify_cost)
+    if args.command == "bound":
+        return print_bound(bound(args.continuations, args.workloads, curve), curve, args.against, args.json)
     rows = compare(args.continuations, args.workloads, curve, tuple(args.fixed_k), args.seeds, args.c, args.rho,
                    args.noise)
     print(f"verify cost t(n)/t(1): {', '.join(f'{n}: {v:.2f}' for n, v in sorted(curve.items()))}")
@@ -179,6 +251,33 @@ def main(argv: list[str] | None = None) -> int:
         args.json.write_text(json.dumps(rows, indent=1))
     return 0
 
+
+def print_bound(rows: list[dict], curve: dict[int, float], against: pathlib.Path | None,
+                out: pathlib.Path | None) -> int:
+    measured = {}
+    if against:
+        measured = {(r["workload"], r["method"]): r["adaptive"] for r in json.loads(against.read_text())}
+    contexts = list(rows[0]["oracle"]) if rows else []
+    print(f"verify cost t(n)/t(1): {', '.join(f'{n}: {v:.2f}' for n, v in sorted(curve.items()))}")
+    print("speedup of an oracle that drafts the longest run of seen text the output goes on with, having matched "
+          "c tokens of context (all requests / after the first 4)")
+    print(f"{'workload':<12} " + " ".join(f"{f'c={c}':>11}" for c in contexts)
+          + (f" {'ngram':>6} {'suffix':>6}  c at which the oracle reaches 1.5x ngram" if measured else ""))
+    for r in rows:
+        cells = []
+        for c in contexts:
+            after = r["oracle_after"][c]
+            cells.append(f"{r['oracle'][c]:.2f}/{after:.2f}" if after else f"{r['oracle'][c]:.2f}/-")
+        line = f"{r['workload']:<12} " + " ".join(f"{cell:>11}" for cell in cells)
+        ngram, suffix = measured.get((r["workload"], "ngram")), measured.get((r["workload"], "suffix"))
+        if ngram and suffix:
+            reach = [c for c in contexts if r["oracle"][c] >= 1.5 * ngram]
+            r.update(ngram_adaptive=ngram, suffix_adaptive=suffix, longest_context_reaching_1_5x=max(reach, default=None))
+            line += f" {ngram:>6.3f} {suffix:>6.3f}  {max(reach) if reach else 'none'}"
+        print(line)
+    if out:
+        out.write_text(json.dumps(rows, indent=1))
+    return 0
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -92,3 +92,42 @@ def test_curves_load_from_a_benchmark_result_and_from_a_verify_cost_file(tmp_pat
     sweep.write_text(json.dumps({"curves": [{"context": 200, "ratio": {"1": 1.0, "2": 1.37}}]}))
     assert policy_sim.load_curve(result) == {1: 1.0, 4: 1.6}
     assert policy_sim.load_curve(sweep) == {1: 1.0, 2: 1.37}
+
+
+def test_the_copying_oracle_drafts_the_longest_run_seen_before_and_no_more():
+    prompt = [1, 2, 3, 4, 5]
+    runs = [(prompt, [3, 4, 5, 9, 1, 2]), ([7], [3, 4, 9])]
+    first, second = policy_sim.lookup_oracle(runs)
+    # at 3: "3 4 5" was seen, "3 4 5 9" not; 9 was never seen; at 1: "1 2"
+    assert first == [3, 2, 1, 0, 2, 1]
+    # the second request sees the first's prompt and output: "3 4" and "5 9", but not "3 4 9" or "4 9"
+    assert second == [2, 1, 1]
+    # with one token of context, a run counts only where it followed the same token: 3 never came after 7,
+    # 4 came after 3, 9 never after 4
+    assert policy_sim.lookup_oracle(runs, context=1)[1] == [0, 1, 0]
+
+
+def test_oracle_steps_pick_the_cheapest_rounds_over_the_curve():
+    own = [3, 2, 1, 0]  # four tokens, the first three drafted in one round of 3 + the target's own
+    assert policy_sim.oracle_steps(own, None) == pytest.approx(1.0)  # free verification: one round
+    assert policy_sim.oracle_steps([0, 0, 0], STEP) == pytest.approx(3.0)  # nothing to draft: plain steps
+    assert policy_sim.oracle_steps(own, STEP) == pytest.approx(1.64)  # one forward over 4 tokens
+    # where only one token can be drafted at a time, two rounds of 2 (1.09 each), never more than seen
+    assert policy_sim.oracle_steps([1, 0, 1, 0], STEP) == pytest.approx(2 * 1.09)
+
+
+def test_the_bound_command_prints_each_context_and_where_the_oracle_reaches_the_figure(tmp_path, capsys):
+    (tmp_path / "copy.json").write_text(json.dumps({"workload": "copy", "runs": copy_runs(6)}))
+    curve = tmp_path / "curve.json"
+    curve.write_text(json.dumps({"verify_cost": {"ratio": {str(n): v for n, v in STEP.items()}}}))
+    against = tmp_path / "rows.json"
+    against.write_text(json.dumps([{"workload": "copy", "method": "ngram", "adaptive": 1.2},
+                                   {"workload": "copy", "method": "suffix", "adaptive": 1.3}]))
+    out = tmp_path / "bound.json"
+    assert policy_sim.main(["bound", "--continuations", str(tmp_path), "--workloads", "copy", "--verify-cost",
+                            str(curve), "--against", str(against), "--json", str(out)]) == 0
+    (row,) = json.loads(out.read_text())
+    oracle = [row["oracle"][c] for c in ("0", "1", "2", "4", "6")]
+    assert oracle == sorted(oracle, reverse=True) and oracle[-1] > 1.5  # more context, less the oracle can copy
+    assert row["oracle_after"]["0"] is not None and row["longest_context_reaching_1_5x"] == 6
+    assert "c=6" in capsys.readouterr().out
