@@ -4,6 +4,8 @@ import pytest
 
 from verifier_service.speculation_policy import (
     COOLDOWN_ROUNDS,
+    DECAY,
+    EXPLORE_Z,
     HOPELESS_AFTER_ROUNDS,
     MAX_COOLDOWN_ROUNDS,
     PROBE_K,
@@ -172,6 +174,7 @@ def test_a_fixed_cost_per_drafted_round_is_counted_in_full():
     assert cost.time(0) == pytest.approx(0.100)
     assert cost.time(3) == pytest.approx(0.145)
     policy = SpeculationPolicy(default_k=4, max_k=16, cost=cost)
+    policy.acceptance = Acceptance(DECAY, accepted=10.0, judged=40.0)  # its own rounds agree with the server's 0.25
     assert policy.block_size(1000, 1000) == 0 and policy.off_reason == "not_paying"
     # the same machine with the draft next door (no round trip) does pay at this acceptance
     near = RoundCost()
@@ -287,3 +290,25 @@ def test_the_draft_wait_is_charged_to_the_step():
     policy = SpeculationPolicy(default_k=4, max_k=8, cost=cost_of(0.05, 0.001, acceptance=0.8))
     far = step_cost(0.05, 0.0001, wait=0.5).batch(step_tokens=3, other_tokens=3)  # a draft 500 ms away
     assert policy.block_size(1000, 1000, live_sequences=4, batch=far) == 0 and policy.off_reason == "load"
+
+
+def test_an_estimate_from_a_few_tokens_just_under_break_even_drafts_on_to_learn():
+    """A plain step costs 100 ms and a round of 1 drafted token 109 ms (a nearly free block, as on this Xeon in
+    fp32): break-even acceptance 0.09. At 0.07 over 2 judged tokens of its own the request drafts on, since
+    half a standard error higher it would pay; at 0.07 over 200 judged tokens it turns off."""
+    cost = RoundCost()
+    for _ in range(3):
+        cost.observe(0, 0, 0.100)
+        cost.observe(1, 0, 0.109)
+        cost.observe(2, 0, 0.113)
+        cost.observe(3, 0, 0.164)
+    cost.acceptance[True] = seen(0.07)
+    unsure = SpeculationPolicy(default_k=4, max_k=3, cost=cost)
+    unsure.acceptance = Acceptance(DECAY, accepted=0.14, judged=2.0)
+    assert unsure.alpha() == pytest.approx(0.07, abs=0.002) and unsure.best_k(cost.times(3)) == 0
+    alpha = unsure.alpha()
+    assert unsure.alpha_upper() == pytest.approx(alpha + EXPLORE_Z * (alpha * (1 - alpha) / 6) ** 0.5)
+    assert unsure.block_size(1000, 1000) > 0 and unsure.off_reason == ""
+    sure = SpeculationPolicy(default_k=4, max_k=3, cost=cost)
+    sure.acceptance = Acceptance(DECAY, accepted=14.0, judged=200.0)
+    assert sure.block_size(1000, 1000) == 0 and sure.off_reason == "not_paying"
