@@ -324,10 +324,12 @@ class SpeculationPolicy:
                 return 0
             times = self.cost.times(self.max_k)  # the lines fitted once per round
             k = PROBE_K if self.probing else self.best_k(self.cost.optimistic(times))
+            alpha = None  # judged by alpha(), unless the evidence is too thin to turn off on
             if k == 0 and not self.cost.hopeless(times):  # off only if still so half a standard error higher
-                k = self.best_k(self.cost.optimistic(times), alpha=self.alpha_upper())
+                alpha = self.alpha_upper()
+                k = self.best_k(self.cost.optimistic(times), alpha=alpha)
             if k and batch is not None:
-                step_k = self.best_k(batch.times(self.max_k), batch.other_tokens)
+                step_k = self.best_k(batch.times(self.max_k), batch.other_tokens, alpha=alpha)
                 if step_k == 0:
                     self.off_reason = "load"  # pays for this row, costs the others more: asked again next step
                     return 0

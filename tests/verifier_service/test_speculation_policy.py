@@ -11,6 +11,7 @@ from verifier_service.speculation_policy import (
     PROBE_K,
     SERVER_DECAY,
     Acceptance,
+    Batch,
     RoundCost,
     SpeculationPolicy,
     StepCost,
@@ -309,6 +310,11 @@ def test_an_estimate_from_a_few_tokens_just_under_break_even_drafts_on_to_learn(
     alpha = unsure.alpha()
     assert unsure.alpha_upper() == pytest.approx(alpha + EXPLORE_Z * (alpha * (1 - alpha) / 6) ** 0.5)
     assert unsure.block_size(1000, 1000) > 0 and unsure.off_reason == ""
+    # in a batched step (another row emits a token; a draft token adds 5 ms to the 100 ms step) the same
+    # acceptance judges the step: at 0.07 the block would not pay for the step, half an error higher it does
+    batch = Batch(other_tokens=1.0, base_s=0.100, per_token_s=0.005, wait_s=0.0)
+    assert unsure.best_k(batch.times(3), batch.other_tokens) == 0
+    assert unsure.block_size(1000, 1000, live_sequences=2, batch=batch) > 0 and unsure.off_reason == ""
     sure = SpeculationPolicy(default_k=4, max_k=3, cost=cost)
     sure.acceptance = Acceptance(DECAY, accepted=14.0, judged=200.0)
     assert sure.block_size(1000, 1000) == 0 and sure.off_reason == "not_paying"
