@@ -236,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
         return print_bound(bound(args.continuations, args.workloads, curve), curve, args.against, args.json)
     rows = compare(args.continuations, args.workloads, curve, tuple(args.fixed_k), args.seeds, args.c, args.rho,
                    args.noise)
-    print(f"verify cost t(n)/t(1): {', '.join(f'{n}: {v:.2f}' for n, v in sorted(curve.items()))}")
+    print_curve(curve)
     print(f"{'workload':<12} {'method':<7} {'adaptive':>8} {'best k':>6} {'fixed':>6} {'ratio':>6} {'accept':>6}  "
           + " ".join(f"k={k:<4}" for k in args.fixed_k))
     for r in rows:
@@ -252,13 +252,17 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def print_curve(curve: dict[int, float]) -> None:
+    print(f"verify cost t(n)/t(1): {', '.join(f'{n}: {v:.2f}' for n, v in sorted(curve.items()))}")
+
+
 def print_bound(rows: list[dict], curve: dict[int, float], against: pathlib.Path | None,
                 out: pathlib.Path | None) -> int:
     measured = {}
     if against:
         measured = {(r["workload"], r["method"]): r["adaptive"] for r in json.loads(against.read_text())}
     contexts = list(rows[0]["oracle"]) if rows else []
-    print(f"verify cost t(n)/t(1): {', '.join(f'{n}: {v:.2f}' for n, v in sorted(curve.items()))}")
+    print_curve(curve)
     print("speedup of an oracle that drafts the longest run of seen text the output goes on with, having matched "
           "c tokens of context (all requests / after the first 4)")
     print(f"{'workload':<12} " + " ".join(f"{f'c={c}':>11}" for c in contexts)
@@ -278,6 +282,7 @@ def print_bound(rows: list[dict], curve: dict[int, float], against: pathlib.Path
     if out:
         out.write_text(json.dumps(rows, indent=1))
     return 0
+
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -323,11 +323,13 @@ class SpeculationPolicy:
                 self.probing = self.cooldown == 0
                 return 0
             times = self.cost.times(self.max_k)  # the lines fitted once per round
-            k = PROBE_K if self.probing else self.best_k(self.cost.optimistic(times))
+            optimistic = self.cost.optimistic(times)
+            k = PROBE_K if self.probing else self.best_k(optimistic)
             alpha = None  # judged by alpha(), unless the evidence is too thin to turn off on
-            if k == 0 and not self.cost.hopeless(times):  # off only if still so half a standard error higher
+            hopeless = k == 0 and self.cost.hopeless(times)
+            if k == 0 and not hopeless:  # off only if still so half a standard error higher
                 alpha = self.alpha_upper()
-                k = self.best_k(self.cost.optimistic(times), alpha=alpha)
+                k = self.best_k(optimistic, alpha=alpha)
             if k and batch is not None:
                 step_k = self.best_k(batch.times(self.max_k), batch.other_tokens, alpha=alpha)
                 if step_k == 0:
@@ -337,7 +339,7 @@ class SpeculationPolicy:
             if k and self.draft_sizes_blocks and not self.probing:
                 k = self.max_k
             if k == 0:
-                if self.cost.hopeless(times):
+                if hopeless:
                     self.next_cooldown = MAX_COOLDOWN_ROUNDS
                 self.cooldown = self.next_cooldown
                 self.next_cooldown = min(MAX_COOLDOWN_ROUNDS, self.next_cooldown * 2)
