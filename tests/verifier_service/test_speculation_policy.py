@@ -127,6 +127,23 @@ def test_round_times_follow_the_measured_curve_not_a_line_through_it():
     assert SpeculationPolicy(default_k=4, max_k=8, cost=cost).block_size(1000, 1000) == 2  # ...and costs too much
 
 
+def test_a_longer_block_measured_cheaper_than_a_shorter_one_keeps_its_own_time():
+    """One Xeon in fp32: forwards over 4, 5, 6 tokens cost 1.87, 1.85, 1.68 plain steps. Clamped to never fall,
+    k = 5 looked as dear as k = 3 and the policy stayed at k = 2 on copied text where k = 5 yields the most per
+    second. A size's own measured average stands; a size between measured ones never costs less than the one
+    before it."""
+    cost = RoundCost()
+    for _ in range(3):
+        cost.observe(0, 0, 1.00)
+        for k, t in ((1, 1.10), (2, 1.20), (3, 1.87), (5, 1.68)):
+            cost.observe(k, 0, t)
+    times = cost.times(5)
+    assert times[3] == pytest.approx(1.87) and times[5] == pytest.approx(1.68)
+    assert times[4] == pytest.approx(1.87)  # interpolated (1.775) but not below k = 3's
+    cost.acceptance[True] = seen(0.8)
+    assert SpeculationPolicy(default_k=4, max_k=5, cost=cost).best_k(times) == 5
+
+
 def test_the_next_block_size_past_the_measured_ones_is_tried_before_a_line_rules_it_out():
     """With blocks of 1 measured (1.09 steps) and one early block of 4 (1.74), a line put k = 2 at 1.3 steps, so
     the policy never tried it; on this CPU it costs 1.13 (`bench.policy_sim`: long_prompt and copy-heavy n-gram
