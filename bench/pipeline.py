@@ -14,8 +14,10 @@ the workloads' chat-formatted prompts, in the same order) at each round-trip del
     pipelined  the adaptive policy; a round whose outcome the draft guessed finds its block already there
 
 Per (delay, workload, mode): tokens/s (completion tokens over request wall time, summed over prompts and
---repeats; the modes take turns within each repeat, so a slow spell of the machine falls on all three),
-speedup against off, mean round time (wall time / rounds), hit rate (rounds served by a
+--repeats; the modes take turns on each prompt (on each batch with --concurrency > 1), so a slow spell of
+the machine falls on all three), speedup against off, the paired speedup (the geometric mean over turns of
+a mode's tokens/s over off's in the same turn, with a bootstrap 90% interval: the machine's drift between
+turns, up to 2x on a shared host, taken out), mean round time (wall time / rounds), hit rate (rounds served by a
 block drafted ahead / rounds with a draft block), acceptance, and rounds that fell back to plain decoding.
 Off never reaches the draft, so the round trip cannot change it: its runs at every delay are one
 measurement, pooled per workload, and every speedup of a workload is against that one baseline (each
@@ -177,32 +179,63 @@ def run_as(mode: str, verifiers: dict, batch, concurrency: int) -> dict:
     return run_mode(verifiers[mode], batch, None, concurrency)
 
 
+def turns(batch: list[tuple[list[int], int]], concurrency: int) -> list[list[tuple[list[int], int]]]:
+    """The units the modes take turns on: each prompt alone (one stream), or the whole batch (several at a time).
+
+    A turn lasts seconds, not the batch's half minute, so a slow spell of a shared machine falls on all three
+    modes of a turn instead of on one mode's whole batch."""
+    return [[item] for item in batch] if concurrency == 1 else [batch]
+
+
+def paired(ratios: list[float], resamples: int = 2000, seed: int = 0) -> dict:
+    """The geometric mean of per-turn speedups (a mode's tokens/s over off's in the same turn) and a bootstrap
+    90% interval over turns: what a mode is worth with the machine's drift between turns taken out."""
+    import math
+    import random
+
+    logs = [math.log(r) for r in ratios if r > 0]
+    if not logs:
+        return {"paired_speedup": None, "paired_low": None, "paired_high": None, "turns": 0}
+    rng = random.Random(seed)
+    means = sorted(sum(rng.choices(logs, k=len(logs))) / len(logs) for _ in range(resamples))
+    return {"paired_speedup": round(math.exp(sum(logs) / len(logs)), 3),
+            "paired_low": round(math.exp(means[int(0.05 * resamples)]), 3),
+            "paired_high": round(math.exp(means[int(0.95 * resamples) - 1]), 3), "turns": len(logs)}
+
+
 def sweep(args, proxy, verifiers, batches) -> list[dict]:
-    """Every (delay, workload, mode), --repeats times with the modes taking turns; rows with pooled speedups."""
+    """Every (delay, workload, mode), --repeats times with the modes taking turns (per prompt with one stream);
+    rows with pooled speedups, and paired ones (each turn's mode against off in the same turn)."""
     from tqdm import tqdm
 
     runs: dict[tuple[float, str, str], list[dict]] = {}
+    ratios: dict[tuple[float, str, str], list[float]] = {}
     delays = [float(d) for d in args.delays.split(",")]
     for workload, batch in batches.items():  # warm-up: the first forwards, and the policy's server-wide round costs
         for mode in MODES:
             run_as(mode, verifiers, batch[:2], args.concurrency)
     steps = [(delay, workload, rep) for delay in delays for workload in batches for rep in range(args.repeats)]
-    for n, (delay, workload, rep) in enumerate(tqdm(steps, desc="pipeline sweep", unit="step")):
+    n = 0
+    for delay, workload, rep in tqdm(steps, desc="pipeline sweep", unit="step"):
         proxy.delay_ms = delay / 2
-        order = MODES[n % 3:] + MODES[:n % 3]  # rotate which mode runs first
-        for mode in order:
-            measured = run_as(mode, verifiers, batches[workload], args.concurrency)
-            runs.setdefault((delay, workload, mode), []).append(measured)
+        for turn in turns(batches[workload], args.concurrency):
+            order = MODES[n % 3:] + MODES[:n % 3]  # rotate which mode runs first
+            n += 1
+            measured = {mode: run_as(mode, verifiers, turn, args.concurrency) for mode in order}
+            for mode in MODES:
+                runs.setdefault((delay, workload, mode), []).append(measured[mode])
+                ratios.setdefault((delay, workload, mode), []).append(
+                    tokens_per_s(measured[mode], args.concurrency) / tokens_per_s(measured["off"], args.concurrency))
     rows = []
     for workload in batches:
         off = pooled([r for (_, w, mode), rs in runs.items() if w == workload and mode == "off" for r in rs])
         for delay in delays:
             for mode in MODES:
                 rows.append(row(delay, workload, mode, pooled(runs[(delay, workload, mode)]), off, args.concurrency))
-                rows[-1]["runs_tokens_per_s"] = [round(tokens_per_s(r, args.concurrency), 2)
-                                                 for r in runs[(delay, workload, mode)]]
+                rows[-1].update(paired(ratios[(delay, workload, mode)]))
                 print(f"rtt {delay:g} ms {workload:<12} {mode:<9} {rows[-1]['tokens_per_s']:6.2f} tok/s "
-                      f"(runs {rows[-1]['runs_tokens_per_s']}) speedup {rows[-1]['speedup']:.2f}x "
+                      f"speedup {rows[-1]['speedup']:.2f}x paired {rows[-1]['paired_speedup']:.3f}x "
+                      f"[{rows[-1]['paired_low']:.3f}, {rows[-1]['paired_high']:.3f}] over {rows[-1]['turns']} turns, "
                       f"round {rows[-1]['round_ms']:.0f} ms hit rate {rows[-1]['hit_rate']:.2f} "
                       f"fallback {rows[-1]['fallback_rounds']} {rows[-1]['fallback_reasons']}", flush=True)
     return rows
@@ -219,6 +252,12 @@ def summary(rows: list[dict]) -> dict:
                 out[f"{workload}/{mode}"] = {
                     "speedup_at_0": points[0.0]["speedup"], f"speedup_at_{worst:g}": points[worst]["speedup"],
                     "kept": round(points[worst]["speedup"] / points[0.0]["speedup"], 3)}
+                if all(p.get("paired_speedup") for p in points.values()):
+                    out[f"{workload}/{mode}"].update({
+                        "paired_at_0": points[0.0]["paired_speedup"],
+                        f"paired_at_{worst:g}": points[worst]["paired_speedup"],
+                        "paired_kept": round(points[worst]["paired_speedup"] / points[0.0]["paired_speedup"], 3),
+                        "paired_lowest": min(p["paired_speedup"] for p in points.values())})
     return out
 
 

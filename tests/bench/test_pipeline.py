@@ -2,7 +2,7 @@
 
 import pytest
 
-from bench.pipeline import pooled, row, summary
+from bench.pipeline import paired, pooled, row, summary, turns
 
 
 def run(tokens: int, seconds: float, rounds: int, drafts: int = 0, ahead_used: int = 0) -> dict:
@@ -24,3 +24,18 @@ def test_speedups_at_every_delay_are_against_the_one_pooled_off():
     assert fast["hit_rate"] == 0.5 and slow["hit_rate"] == pytest.approx(0.167, abs=1e-3)
     kept = summary([fast, slow])["copy/pipelined"]["kept"]
     assert kept == pytest.approx(1.0 / 1.2, abs=1e-3)  # the same baseline cancels: a ratio of tokens/s
+
+
+def test_one_stream_takes_turns_per_prompt_and_several_per_batch():
+    batch = [([1], 8), ([2], 8), ([3], 8)]
+    assert turns(batch, concurrency=1) == [[([1], 8)], [([2], 8)], [([3], 8)]]
+    assert turns(batch, concurrency=8) == [batch]
+
+
+def test_paired_speedup_is_the_geometric_mean_of_turns_with_an_interval_around_it():
+    """Turns at 0.8x and 1.25x of off average to 1.0x (a ratio's mean is geometric); the interval holds it."""
+    steady = paired([0.8, 1.25] * 10)
+    assert steady["paired_speedup"] == pytest.approx(1.0, abs=1e-3) and steady["turns"] == 20
+    assert steady["paired_low"] < 1.0 < steady["paired_high"]
+    assert paired([1.1] * 5) == {"paired_speedup": 1.1, "paired_low": 1.1, "paired_high": 1.1, "turns": 5}
+    assert paired([])["paired_speedup"] is None
