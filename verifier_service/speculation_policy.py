@@ -32,9 +32,10 @@ verifies k draft tokens (forward pass, draft wait, transport), k = 0 being a pla
   greedy outputs (`bench.policy_sim`), this took adaptive >= 0.97x the best fixed k from 42 to 47
   of 54 workload x proposer x curve pairs (creative, long prompt: acceptance 0.12-0.21 beside a
   nearly free k = 2) for at most 1.7% more lost on chat. The request then drafts again only after a
-  cool-down (8 plain rounds, doubling up to 256 each time the retry also loses), with a small
-  probe block, so a request that reaches a copy-heavy stretch later can still win. A retry pays
-  only if its round beat plain steps in time, not merely if its block was accepted: a draft as
+  cool-down (8 plain rounds, doubling up to 256 each time the retry also loses), with the block
+  whose round is cheapest (k = 1 on most machines, not on all: `probe_k`), so a request that
+  reaches a copy-heavy stretch later can still win. A retry pays only if its round beat plain
+  steps in time, not merely if tokens of its block were accepted: a draft as
   slow as the target has every block accepted and still loses. Where the measured round times
   say that even blocks accepted whole would lose (a slow or far draft), the cool-down is the
   longest at once: every retry would cost a draft round for nothing;
@@ -68,7 +69,7 @@ COOLDOWN_ROUNDS = 8  # plain rounds before speculation is retried (doubles on ea
 MAX_COOLDOWN_ROUNDS = 256
 STEP_DECAY = 0.98  # StepCost's sums fade by this per observed engine step
 HOPELESS_AFTER_ROUNDS = 4  # drafted rounds measured server-wide before blocks may be judged unable to pay
-PROBE_K = 1  # the block a retry drafts
+PROBE_K = 1  # the block a retry drafts before round times are known (then the cheapest: probe_k)
 DECAY = 0.9  # a request's acceptance counts fade by this per drafted round, so it follows the text
 EXPLORE_Z = 0.5  # standard errors added to the acceptance before speculation is turned off
 
@@ -311,6 +312,15 @@ class SpeculationPolicy:
         alpha = min(self.alpha() if alpha is None else alpha, 0.999)
         return max(range(self.max_k + 1), key=lambda k: ((expected_tokens(alpha, k) + other_tokens) / times[k], -k))
 
+    def probe_k(self, times: list[float] | None) -> int:
+        """The block a retry drafts: the one whose round is cheapest (PROBE_K before any round was timed). That
+        is k = 1 on most machines; on one AVX2 EPYC in fp32 a forward over 2 tokens costs 1.82 plain steps and
+        one over 6 costs 1.66, so a retry of k = 1 paid the most for the least evidence (`bench.policy_sim` on
+        that curve: chat + n-gram 0.951x of off, long prompt + n-gram 0.926x)."""
+        if times is None:
+            return PROBE_K
+        return min(range(1, self.max_k + 1), key=lambda k: (times[k], k))
+
     def block_size(self, remaining_tokens: int, remaining_context: int, live_sequences: int = 1,
                    batch: Batch | None = None) -> int:
         """k for the next round; 0 decodes without speculation."""
@@ -327,7 +337,7 @@ class SpeculationPolicy:
                 return 0
             times = self.cost.times(self.max_k)  # the lines fitted once per round
             optimistic = self.cost.optimistic(times)
-            k = PROBE_K if self.probing else self.best_k(optimistic)
+            k = self.probe_k(times) if self.probing else self.best_k(optimistic)
             alpha = None  # judged by alpha(), unless the evidence is too thin to turn off on
             hopeless = k == 0 and self.cost.hopeless(times)
             if k == 0 and not hopeless:  # off only if still so half a standard error higher
@@ -358,5 +368,5 @@ class SpeculationPolicy:
         self.acceptance.add(num_draft_tokens, num_accepted)
         if self.probing:
             self.probing = False
-            if num_accepted == num_draft_tokens and self.cost.beat_plain(num_accepted, round_s):
+            if num_accepted and self.cost.beat_plain(num_accepted, round_s):
                 self.next_cooldown = COOLDOWN_ROUNDS  # the retry paid: back to short cool-downs

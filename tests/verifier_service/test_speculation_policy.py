@@ -239,6 +239,23 @@ def test_an_accepted_probe_that_was_slower_than_plain_steps_lengthens_the_cool_d
     assert fast.next_cooldown == COOLDOWN_ROUNDS
 
 
+def test_a_retry_drafts_the_cheapest_block_and_pays_if_it_beat_plain_steps():
+    """One AVX2 EPYC in fp32: forwards over 2 and 6 tokens cost 1.82 and 1.66 plain steps. A retry of k = 1 paid
+    the most for the least evidence; it drafts k = 5. It counts as paid when its round beat plain steps in time,
+    whether or not all 5 were accepted."""
+    cost = RoundCost()
+    for _ in range(3):
+        cost.observe(0, 0, 1.00)
+        for k, t in ((1, 1.82), (2, 2.28), (3, 2.10), (4, 1.87), (5, 1.66), (6, 1.88)):
+            cost.observe(k, 0, t)
+    cost.acceptance[True] = seen(0.1)
+    policy = SpeculationPolicy(default_k=4, max_k=6, cost=cost)
+    sizes = [policy.block_size(1000, 1000) for _ in range(COOLDOWN_ROUNDS + 2)]
+    assert sizes == [0] * (COOLDOWN_ROUNDS + 1) + [5]
+    policy.observe(5, 2, 1.66)  # 3 tokens in 1.66 steps
+    assert policy.next_cooldown == COOLDOWN_ROUNDS
+
+
 def test_a_hopeless_verdict_expires_so_that_short_requests_draft_again():
     """Blocks judged unable to pay give the longest cool-down; a request shorter than it never probes, so the
     verdict would stand for good. After MAX_COOLDOWN_ROUNDS plain rounds server-wide it lapses: the next request
