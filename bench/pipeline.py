@@ -15,9 +15,10 @@ the workloads' chat-formatted prompts, in the same order) at each round-trip del
 
 Per (delay, workload, mode): tokens/s (completion tokens over request wall time, summed over prompts and
 --repeats; the modes take turns on each prompt (on each batch with --concurrency > 1), so a slow spell of
-the machine falls on all three), speedup against off, the paired speedup (the geometric mean over turns of
-a mode's tokens/s over off's in the same turn, with a bootstrap 90% interval: the machine's drift between
-turns, up to 2x on a shared host, taken out), mean round time (wall time / rounds), hit rate (rounds served by a
+the machine falls on all of them), speedup against off, the paired speedup (the geometric mean over turns of
+a mode's tokens/s over off's in the same turn on the same verifier process, with a bootstrap 90% interval:
+the machine's drift between turns, up to 2x on a shared host, taken out; off runs on both verifiers, and
+the row `off@pipelined` is the two processes' own difference), mean round time (wall time / rounds), hit rate (rounds served by a
 block drafted ahead / rounds with a draft block), acceptance, and rounds that fell back to plain decoding.
 Off never reaches the draft, so the round trip cannot change it: its runs at every delay are one
 measurement, pooled per workload, and every speedup of a workload is against that one baseline (each
@@ -47,6 +48,11 @@ from specdec.v1 import common_pb2, verifier_pb2, verifier_pb2_grpc
 from tools.latency_proxy import LatencyProxy
 
 MODES = ("off", "serial", "pipelined")
+# Each verifier is its own process, and two processes running the same forwards can differ by a few percent
+# for the whole run (memory placement, which core their threads settle on). Off runs on both, and each mode is
+# paired with off on its own process; "off@pipelined" over "off" is that process difference.
+RUNS = ("off", "serial", "pipelined", "off@pipelined")
+BASELINE = {"off": "off", "serial": "off", "pipelined": "off@pipelined", "off@pipelined": "off"}
 
 
 def parse_args(argv=None):
@@ -173,9 +179,12 @@ def row(delay: float, workload: str, mode: str, measured: dict, off: dict, concu
 
 
 def run_as(mode: str, verifiers: dict, batch, concurrency: int) -> dict:
-    """One mode's run: off is k = 0 on the serial verifier; serial and pipelined the adaptive policy on their own."""
+    """One run: off is k = 0 on the serial verifier (off@pipelined: on the pipelined one); serial and pipelined
+    the adaptive policy on their own."""
     if mode == "off":
         return run_mode(verifiers["serial"], batch, 0, concurrency)
+    if mode == "off@pipelined":
+        return run_mode(verifiers["pipelined"], batch, 0, concurrency)
     return run_mode(verifiers[mode], batch, None, concurrency)
 
 
@@ -212,28 +221,31 @@ def sweep(args, proxy, verifiers, batches) -> list[dict]:
     ratios: dict[tuple[float, str, str], list[float]] = {}
     delays = [float(d) for d in args.delays.split(",")]
     for workload, batch in batches.items():  # warm-up: the first forwards, and the policy's server-wide round costs
-        for mode in MODES:
+        for mode in RUNS:
             run_as(mode, verifiers, batch[:2], args.concurrency)
     steps = [(delay, workload, rep) for delay in delays for workload in batches for rep in range(args.repeats)]
     n = 0
     for delay, workload, rep in tqdm(steps, desc="pipeline sweep", unit="step"):
         proxy.delay_ms = delay / 2
         for turn in turns(batches[workload], args.concurrency):
-            order = MODES[n % 3:] + MODES[:n % 3]  # rotate which mode runs first
+            order = RUNS[n % len(RUNS):] + RUNS[:n % len(RUNS)]  # rotate which runs first
             n += 1
             measured = {mode: run_as(mode, verifiers, turn, args.concurrency) for mode in order}
-            for mode in MODES:
+            for mode in RUNS:
                 runs.setdefault((delay, workload, mode), []).append(measured[mode])
                 ratios.setdefault((delay, workload, mode), []).append(
-                    tokens_per_s(measured[mode], args.concurrency) / tokens_per_s(measured["off"], args.concurrency))
+                    tokens_per_s(measured[mode], args.concurrency)
+                    / tokens_per_s(measured[BASELINE[mode]], args.concurrency))
     rows = []
     for workload in batches:
-        off = pooled([r for (_, w, mode), rs in runs.items() if w == workload and mode == "off" for r in rs])
+        offs = {base: pooled([r for (_, w, mode), rs in runs.items() if w == workload and mode == base for r in rs])
+                for base in set(BASELINE.values())}
         for delay in delays:
-            for mode in MODES:
-                rows.append(row(delay, workload, mode, pooled(runs[(delay, workload, mode)]), off, args.concurrency))
+            for mode in RUNS:
+                rows.append(row(delay, workload, mode, pooled(runs[(delay, workload, mode)]), offs[BASELINE[mode]],
+                                args.concurrency))
                 rows[-1].update(paired(ratios[(delay, workload, mode)]))
-                print(f"rtt {delay:g} ms {workload:<12} {mode:<9} {rows[-1]['tokens_per_s']:6.2f} tok/s "
+                print(f"rtt {delay:g} ms {workload:<12} {mode:<13} {rows[-1]['tokens_per_s']:6.2f} tok/s "
                       f"speedup {rows[-1]['speedup']:.2f}x paired {rows[-1]['paired_speedup']:.3f}x "
                       f"[{rows[-1]['paired_low']:.3f}, {rows[-1]['paired_high']:.3f}] over {rows[-1]['turns']} turns, "
                       f"round {rows[-1]['round_ms']:.0f} ms hit rate {rows[-1]['hit_rate']:.2f} "

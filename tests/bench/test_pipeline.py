@@ -39,3 +39,23 @@ def test_paired_speedup_is_the_geometric_mean_of_turns_with_an_interval_around_i
     assert steady["paired_low"] < 1.0 < steady["paired_high"]
     assert paired([1.1] * 5) == {"paired_speedup": 1.1, "paired_low": 1.1, "paired_high": 1.1, "turns": 5}
     assert paired([])["paired_speedup"] is None
+
+
+def test_each_mode_is_paired_with_off_on_its_own_verifier_process(monkeypatch):
+    """The pipelined verifier's process runs everything 1.25x slower here, off included: pipelined is paired with
+    off on that process (1.0x), not with off on the serial verifier's (0.8x); off@pipelined shows the 0.8x."""
+    import types
+
+    from bench import pipeline
+
+    slow = {"off": 1.0, "serial": 1.0, "pipelined": 1.25, "off@pipelined": 1.25}
+    monkeypatch.setattr(pipeline, "run_as", lambda mode, verifiers, batch, concurrency:
+                        run(10 * len(batch), slow[mode] * len(batch), 10 * len(batch)))
+    args = types.SimpleNamespace(delays="0,20", repeats=2, concurrency=1)
+    rows = pipeline.sweep(args, types.SimpleNamespace(delay_ms=0.0), {}, {"copy": [([1], 8), ([2], 8)]})
+    by = {(r["rtt_ms"], r["mode"]): r for r in rows}
+    assert by[(20.0, "pipelined")]["paired_speedup"] == pytest.approx(1.0)
+    assert by[(20.0, "pipelined")]["speedup"] == pytest.approx(1.0)
+    assert by[(0.0, "serial")]["paired_speedup"] == pytest.approx(1.0)
+    assert by[(0.0, "off@pipelined")]["paired_speedup"] == pytest.approx(0.8)
+    assert by[(0.0, "pipelined")]["turns"] == 4  # 2 prompts x 2 repeats, each its own turn
