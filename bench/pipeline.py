@@ -21,8 +21,9 @@ the machine's drift between turns, up to 2x on a shared host, taken out; off run
 the row `off@pipelined` is the two processes' own difference), mean round time (wall time / rounds), hit rate (rounds served by a
 block drafted ahead / rounds with a draft block), acceptance, and rounds that fell back to plain decoding.
 Off never reaches the draft, so the round trip cannot change it: its runs at every delay are one
-measurement, pooled per workload, and every speedup of a workload is against that one baseline (each
-delay's own off row is kept beside it, to show the machine's drift).
+measurement, pooled per workload and verifier process, and every pooled speedup of a workload is against
+that baseline on the mode's own process (each delay's own off row is kept beside it, to show the
+machine's drift).
 --concurrency N sends N requests at a time (aggregate tokens/s). --pin-cores puts the verifiers on core 0
 and the draft on core 1 (taskset), one thread each. Writes bench/results/pipeline/<name>.json and .png.
 """
@@ -35,7 +36,9 @@ import concurrent.futures
 import contextlib
 import datetime
 import json
+import math
 import pathlib
+import random
 import tempfile
 import time
 
@@ -51,7 +54,8 @@ MODES = ("off", "serial", "pipelined")
 # Each verifier is its own process, and two processes running the same forwards can differ by a few percent
 # for the whole run (memory placement, which core their threads settle on). Off runs on both, and each mode is
 # paired with off on its own process; "off@pipelined" over "off" is that process difference.
-RUNS = ("off", "serial", "pipelined", "off@pipelined")
+RUNS = {"off": ("serial", 0), "serial": ("serial", None), "pipelined": ("pipelined", None),
+        "off@pipelined": ("pipelined", 0)}  # run -> (verifier, k: 0 off, None the adaptive policy)
 BASELINE = {"off": "off", "serial": "off", "pipelined": "off@pipelined", "off@pipelined": "off"}
 
 
@@ -179,29 +183,22 @@ def row(delay: float, workload: str, mode: str, measured: dict, off: dict, concu
 
 
 def run_as(mode: str, verifiers: dict, batch, concurrency: int) -> dict:
-    """One run: off is k = 0 on the serial verifier (off@pipelined: on the pipelined one); serial and pipelined
-    the adaptive policy on their own."""
-    if mode == "off":
-        return run_mode(verifiers["serial"], batch, 0, concurrency)
-    if mode == "off@pipelined":
-        return run_mode(verifiers["pipelined"], batch, 0, concurrency)
-    return run_mode(verifiers[mode], batch, None, concurrency)
+    """One run of RUNS: its verifier, at its k."""
+    verifier, k = RUNS[mode]
+    return run_mode(verifiers[verifier], batch, k, concurrency)
 
 
 def turns(batch: list[tuple[list[int], int]], concurrency: int) -> list[list[tuple[list[int], int]]]:
     """The units the modes take turns on: each prompt alone (one stream), or the whole batch (several at a time).
 
-    A turn lasts seconds, not the batch's half minute, so a slow spell of a shared machine falls on all three
-    modes of a turn instead of on one mode's whole batch."""
+    A turn lasts seconds, not the batch's half minute, so a slow spell of a shared machine falls on every run
+    of a turn instead of on one mode's whole batch."""
     return [[item] for item in batch] if concurrency == 1 else [batch]
 
 
 def paired(ratios: list[float], resamples: int = 2000, seed: int = 0) -> dict:
     """The geometric mean of per-turn speedups (a mode's tokens/s over off's in the same turn) and a bootstrap
     90% interval over turns: what a mode is worth with the machine's drift between turns taken out."""
-    import math
-    import random
-
     logs = [math.log(r) for r in ratios if r > 0]
     if not logs:
         return {"paired_speedup": None, "paired_low": None, "paired_high": None, "turns": 0}
@@ -228,7 +225,7 @@ def sweep(args, proxy, verifiers, batches) -> list[dict]:
     for delay, workload, rep in tqdm(steps, desc="pipeline sweep", unit="step"):
         proxy.delay_ms = delay / 2
         for turn in turns(batches[workload], args.concurrency):
-            order = RUNS[n % len(RUNS):] + RUNS[:n % len(RUNS)]  # rotate which runs first
+            order = list(RUNS)[n % len(RUNS):] + list(RUNS)[:n % len(RUNS)]  # rotate which runs first
             n += 1
             measured = {mode: run_as(mode, verifiers, turn, args.concurrency) for mode in order}
             for mode in RUNS:

@@ -33,6 +33,16 @@ def cost_of(a: float, b: float, acceptance: float | None = None) -> RoundCost:
     return cost
 
 
+def timed(seconds_by_k: dict[int, float]) -> RoundCost:
+    """A RoundCost that has seen 3 rounds of each block size k in `seconds_by_k` (k = 0: a plain step), taking
+    those seconds, in that order each time."""
+    cost = RoundCost()
+    for _ in range(3):
+        for k, t in seconds_by_k.items():
+            cost.observe(k, 0, t)
+    return cost
+
+
 def test_round_cost_fits_a_line_through_the_measured_block_sizes():
     a, b = cost_of(0.05, 0.02).line()
     assert a == pytest.approx(0.05) and b == pytest.approx(0.02)
@@ -109,11 +119,7 @@ def test_round_times_follow_the_measured_curve_not_a_line_through_it():
     """This Xeon in fp32: forwards over 2, 3, 4, 5 tokens cost 1.09, 1.13, 1.64, 1.74 plain steps (a step between 3
     and 4 tokens). A line through those averages made k = 3 look 1.52 steps and chose it at acceptance 0.85, where
     it costs 1.64 and k = 2 yields more per second."""
-    cost = RoundCost()
-    for _ in range(3):
-        cost.observe(0, 0, 1.00)
-        for k, t in ((1, 1.09), (2, 1.13), (3, 1.64), (4, 1.74)):
-            cost.observe(k, 0, t)
+    cost = timed({0: 1.00, 1: 1.09, 2: 1.13, 3: 1.64, 4: 1.74})
     times = cost.times(8)
     assert times[:5] == pytest.approx([1.00, 1.09, 1.13, 1.64, 1.74])
     a, b = cost.line(drafted_only=True)
@@ -132,11 +138,7 @@ def test_a_longer_block_measured_cheaper_than_a_shorter_one_keeps_its_own_time()
     k = 5 looked as dear as k = 3 and the policy stayed at k = 2 on copied text where k = 5 yields the most per
     second. A size's own measured average stands; a size between measured ones never costs less than the one
     before it."""
-    cost = RoundCost()
-    for _ in range(3):
-        cost.observe(0, 0, 1.00)
-        for k, t in ((1, 1.10), (2, 1.20), (3, 1.87), (5, 1.68)):
-            cost.observe(k, 0, t)
+    cost = timed({0: 1.00, 1: 1.10, 2: 1.20, 3: 1.87, 5: 1.68})
     times = cost.times(5)
     assert times[3] == pytest.approx(1.87) and times[5] == pytest.approx(1.68)
     assert times[4] == pytest.approx(1.87)  # interpolated (1.775) but not below k = 3's
@@ -183,11 +185,7 @@ def test_a_fixed_cost_per_drafted_round_is_counted_in_full():
     """A remote draft: every drafted round pays a 30 ms round trip on top of a 100 ms step, 5 ms per token.
     A line through all block sizes spread that over k and kept drafting at acceptance 0.25 (a loss); the plain
     step measured on its own shows blocks do not pay, so speculation turns off."""
-    cost = RoundCost()
-    for _ in range(3):
-        cost.observe(0, 0, 0.100)
-        cost.observe(2, 0, 0.100 + 0.030 + 2 * 0.005)
-        cost.observe(4, 0, 0.100 + 0.030 + 4 * 0.005)
+    cost = timed({0: 0.100, 2: 0.100 + 0.030 + 2 * 0.005, 4: 0.100 + 0.030 + 4 * 0.005})
     cost.acceptance[True] = seen(0.25)
     assert cost.time(0) == pytest.approx(0.100)
     assert cost.time(3) == pytest.approx(0.145)
@@ -243,11 +241,7 @@ def test_a_retry_drafts_the_cheapest_block_and_pays_if_it_beat_plain_steps():
     """One AVX2 EPYC in fp32: forwards over 2 and 6 tokens cost 1.82 and 1.66 plain steps. A retry of k = 1 paid
     the most for the least evidence; it drafts k = 5. It counts as paid when its round beat plain steps in time,
     whether or not all 5 were accepted."""
-    cost = RoundCost()
-    for _ in range(3):
-        cost.observe(0, 0, 1.00)
-        for k, t in ((1, 1.82), (2, 2.28), (3, 2.10), (4, 1.87), (5, 1.66), (6, 1.88)):
-            cost.observe(k, 0, t)
+    cost = timed({0: 1.00, 1: 1.82, 2: 2.28, 3: 2.10, 4: 1.87, 5: 1.66, 6: 1.88})
     cost.acceptance[True] = seen(0.1)
     policy = SpeculationPolicy(default_k=4, max_k=6, cost=cost)
     sizes = [policy.block_size(1000, 1000) for _ in range(COOLDOWN_ROUNDS + 2)]
