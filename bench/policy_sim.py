@@ -72,7 +72,7 @@ def simulate(runs: list[tuple[list[int], list[int]]], drafts: replay.Drafts, cur
             block, matched, emitted = replay.greedy_round(sequence, len(prompt_ids) + pos, continuation[pos:], k)
             # A round pays the draft and the transport when it asked the draft, whatever came back.
             steps = round_cost(len(block), curve, c, rho if k else 0.0) * rng.lognormvariate(0.0, noise)
-            policy.observe(len(block), matched, steps)
+            policy.observe(len(block), matched, steps, asked_k=k)
             result.steps += steps
             result.tokens += len(emitted)
             result.drafted += len(block)

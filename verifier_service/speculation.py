@@ -11,11 +11,13 @@ Glossary (vLLM's conventions, vllm/v1/spec_decode/metrics.py):
 - accepted tokens exclude the target's own token (correction or bonus) that every round emits;
 - mean accepted length = 1 + accepted / drafts, so it counts that token.
 
-A round whose block was asked of the draft but came back empty (the draft failed, timed out, or sent
-something unusable) is a plain step for the statistics, but not for the policy: its time includes the
-wait for the draft, which is the price of drafting, not of a plain step. The policy sees it as a block
-of the asked size with nothing accepted, so a draft too slow to answer in time turns speculation off
-instead of making plain steps look slow.
+A round whose block was asked of the draft but came back empty is a plain step for the statistics,
+but not for the policy: its time includes the wait for the draft, which is the price of drafting,
+not of a plain step. Where the draft failed, timed out, or sent something unusable, the policy sees
+a block of the asked size with nothing accepted, so a draft too slow to answer in time turns
+speculation off instead of making plain steps look slow. Where it had nothing to propose (no n-gram
+match, no suffix evidence), the policy sees an empty ask: no evidence about acceptance, but a round
+that paid the wait (`SpeculationPolicy.observe`'s asked_k).
 """
 
 from __future__ import annotations
@@ -132,10 +134,12 @@ class RequestSpeculation:
                 self.stats.num_fallback_rounds += 1
                 metrics.FALLBACK_ROUNDS.labels(reason=round_.fallback).inc()
         seconds = 0.0 if round_.shared else round_.seconds  # a shared step's time is for StepCost, not RoundCost
-        if not round_.num_draft_tokens and round_.fallback in DRAFT_GAVE_NOTHING and self.asked_k:
-            self.policy.observe(self.asked_k, 0, seconds)  # drafting's price, not a plain step's
+        # this round's ask; reset, for the vLLM engine records a step's round before it asks for the next block
+        asked_k, self.asked_k = self.asked_k, 0
+        if not round_.num_draft_tokens and round_.fallback in DRAFT_GAVE_NOTHING and asked_k:
+            self.policy.observe(asked_k, 0, seconds)  # drafting's price, not a plain step's
         else:
-            self.policy.observe(round_.num_draft_tokens, round_.num_accepted, seconds)
+            self.policy.observe(round_.num_draft_tokens, round_.num_accepted, seconds, asked_k=asked_k)
         if round_.forward_s is not None:
             metrics.VERIFY_FORWARD_TIME.observe(round_.forward_s)
         if round_.draft_wait_s is not None:
