@@ -11,13 +11,13 @@ Glossary (vLLM's conventions, vllm/v1/spec_decode/metrics.py):
 - accepted tokens exclude the target's own token (correction or bonus) that every round emits;
 - mean accepted length = 1 + accepted / drafts, so it counts that token.
 
-A round whose block was asked of the draft but came back empty is a plain step for the statistics,
-but not for the policy: its time includes the wait for the draft, which is the price of drafting,
-not of a plain step. Where the draft failed, timed out, or sent something unusable, the policy sees
-a block of the asked size with nothing accepted, so a draft too slow to answer in time turns
-speculation off instead of making plain steps look slow. Where it had nothing to propose (no n-gram
-match, no suffix evidence), the policy sees an empty ask: no evidence about acceptance, but a round
-that paid the wait (`SpeculationPolicy.observe`'s asked_k).
+A round whose block was asked of the draft but came back empty (the draft failed, timed out, or sent
+something unusable) is a plain step for the statistics, but not for the policy: its time includes the
+wait for the draft, which is the price of drafting, not of a plain step. The policy sees it as a block
+of the asked size with nothing accepted, so a draft too slow to answer in time turns speculation off
+instead of making plain steps look slow. Where the draft had nothing to propose (no n-gram match), the
+policy sees a plain step that was asked for (`SpeculationPolicy.observe`'s asked_k: a retry that
+found nothing is over).
 """
 
 from __future__ import annotations

@@ -25,14 +25,7 @@ verifies k draft tokens (forward pass, draft wait, transport), k = 0 being a pla
 - a draft that sizes its own blocks (suffix decoding drafts only as far as its evidence goes, and
   returns fewer tokens, or none, where a match is weak) is asked for the longest block whenever
   drafting pays: the draft knows better than the policy where its proposal turns uncertain. An
-  empty block is not rejected tokens, and not a plain step either: the round waited for the draft's
-  answer. Where a share e of asks comes back empty (an n-gram with no match, a suffix draft without
-  evidence), asking for k yields (1 - e) E(k, alpha) + e tokens in (1 - e) T(k) + e T_empty, T_empty
-  being the measured time of a round whose ask came back empty; T(0) is timed on plain steps only.
-  Counting those rounds as plain steps made a plain step look as slow as a round trip to the draft
-  and every ask free: with a 20 ms round trip on a 130 ms step (`bench.policy_sim --rho 0.15`, the
-  AVX2 EPYC curve), adaptive ran more than 3% below off on 11 of 18 workload x proposer pairs, chat
-  + n-gram at 0.929x; priced, on 5 (chat + n-gram 0.976x);
+  empty block is a plain step, not rejected tokens;
 - k* = 0 turns speculation off ("not_paying"), but only if it is still 0 with the acceptance half a
   standard error higher (EXPLORE_Z): an estimate from a few judged tokens just under break-even
   drafts on and learns, where turning off would stop the evidence. Replayed over the shipped
@@ -43,8 +36,12 @@ verifies k draft tokens (forward pass, draft wait, transport), k = 0 being a pla
   whose round is cheapest (k = 1 on most machines, not on all: `probe_k`), so a request that
   reaches a copy-heavy stretch later can still win. A retry pays only if its round beat plain
   steps in time, not merely if tokens of its block were accepted: a draft as
-  slow as the target has every block accepted and still loses. A retry that comes back empty is over
-  (it used to ask again every round until a block came, each ask a round trip). Where the measured round times
+  slow as the target has every block accepted and still loses. A retry whose ask comes back empty (an
+  n-gram with no match) is over, and the request's evidence decides as after any retry that did not
+  pay; it used to ask again every round until a block came, each ask a round trip to the draft (with
+  a 20 ms round trip on a 130 ms step, `bench.policy_sim --rho 0.15` on the AVX2 EPYC curve: adaptive
+  more than 3% below off on 7 of 18 workload x proposer pairs instead of 11, chat + n-gram 0.929x ->
+  0.976x of off). Where the measured round times
   say that even blocks accepted whole would lose (a slow or far draft), the cool-down is the
   longest at once: every retry would cost a draft round for nothing;
 - where one forward pass verifies many sequences' blocks (the vLLM engine's batched step), a row's
@@ -80,7 +77,6 @@ HOPELESS_AFTER_ROUNDS = 4  # drafted rounds measured server-wide before blocks m
 PROBE_K = 1  # the block a retry drafts before round times are known (then the cheapest: probe_k)
 DECAY = 0.9  # a request's acceptance counts fade by this per drafted round, so it follows the text
 EXPLORE_Z = 0.5  # standard errors added to the acceptance before speculation is turned off
-PRIOR_ASKS = 4.0  # weight of the server-wide empty share in a request's, in asks of the draft
 
 
 def judged(num_draft_tokens: int, num_accepted: int) -> int:
@@ -99,22 +95,6 @@ class Ewma:
     def add(self, sample: float) -> None:
         self.value = sample if self.value is None else (1 - EWMA) * self.value + EWMA * sample
         self.samples += 1
-
-
-@dataclasses.dataclass
-class EmptyShare:
-    """Asks of the draft that came back with no block, over all asks, both fading by `decay` per ask."""
-
-    decay: float
-    empty: float = 0.0
-    asked: float = 0.0
-
-    def add(self, empty: bool) -> None:
-        self.empty = self.decay * self.empty + empty
-        self.asked = self.decay * self.asked + 1
-
-    def value(self, prior: float = 0.0) -> float:
-        return (self.empty + prior * PRIOR_ASKS) / (self.asked + PRIOR_ASKS)
 
 
 @dataclasses.dataclass
@@ -146,8 +126,6 @@ class RoundCost:
     def __init__(self):
         self.seconds: dict[int, Ewma] = {}  # by verified draft tokens
         self.acceptance = {True: Acceptance(SERVER_DECAY), False: Acceptance(SERVER_DECAY)}  # by greedy
-        self.empty_s = Ewma()  # the wall time of a round whose ask of the draft came back empty
-        self.empties = EmptyShare(SERVER_DECAY)
         self.plain_since_drafted = 0  # plain rounds server-wide since the last drafted one
 
     def observe(self, num_draft_tokens: int, num_accepted: int, round_s: float, greedy: bool = True) -> None:
@@ -156,14 +134,6 @@ class RoundCost:
             self.seconds.setdefault(num_draft_tokens, Ewma()).add(round_s)
         if num_draft_tokens:
             self.acceptance[greedy].add(num_draft_tokens, num_accepted)
-            self.empties.add(False)
-
-    def observe_empty(self, round_s: float) -> None:
-        """A round that asked the draft for a block and got none: a plain step plus the wait for the answer."""
-        self.plain_since_drafted += 1
-        if round_s > 0:
-            self.empty_s.add(round_s)
-        self.empties.add(True)
 
     def line(self, drafted_only: bool = False) -> tuple[float, float] | None:
         """(a, b) with T(k) = a + b k fitted to the measured block sizes (only k >= 1 when drafted_only),
@@ -199,10 +169,7 @@ class RoundCost:
         if through_all is None:
             return None
         plain = self.seconds.get(0)
-        if plain is not None and plain.value is not None:
-            t0 = plain.value
-        else:  # before any plain step: an ask that came back empty was one plus the wait, closer than the line
-            t0 = self.empty_s.value if self.empty_s.value is not None else through_all[0]
+        t0 = plain.value if plain is not None and plain.value is not None else through_all[0]
         drafted_sizes = sum(1 for n, e in self.seconds.items() if n and e.value is not None)
         a, b = self.line(drafted_only=True) if drafted_sizes >= 2 else through_all
         fitted = [a + b * k for k in range(max_k + 1)]
@@ -328,7 +295,6 @@ class SpeculationPolicy:
         self.greedy = greedy
         self.draft_sizes_blocks = draft_sizes_blocks  # ask for max_k whenever drafting pays: the draft cuts it
         self.acceptance = Acceptance(DECAY)  # this request's
-        self.empties = EmptyShare(DECAY)  # this request's asks of the draft that came back empty
         self.cooldown = 0  # plain rounds left before speculation is retried
         self.next_cooldown = COOLDOWN_ROUNDS
         self.probing = False
@@ -342,27 +308,14 @@ class SpeculationPolicy:
         """alpha() plus EXPLORE_Z standard errors of this request's evidence."""
         return self.acceptance.upper(prior=self.cost.acceptance[self.greedy].value())
 
-    def empty_share(self) -> float:
-        """The share of this request's asks of the draft that come back empty, the server-wide one as a prior."""
-        return self.empties.value(prior=self.cost.empties.value())
-
-    def best_k(self, times: list[float] | None, other_tokens: float = 0.0, alpha: float | None = None,
-               empty: float = 0.0) -> int:
+    def best_k(self, times: list[float] | None, other_tokens: float = 0.0, alpha: float | None = None) -> int:
         """The k with the most expected tokens per second for the round times `times` (cost.times(max_k), or a
         Batch's step times with the other rows emitting `other_tokens`); 0 when no block beats a plain step.
-        alpha: the acceptance to judge by (default alpha()). empty: the share of asks that come back with no
-        block, each a plain step's one token in the time of a round that waited for the draft."""
+        alpha: the acceptance to judge by (default alpha())."""
         if times is None:
             return self.k
         alpha = min(self.alpha() if alpha is None else alpha, 0.999)
-        empty_s = self.cost.empty_s.value or times[0]
-
-        def tokens_per_second(k: int) -> float:
-            if k == 0:
-                return (1.0 + other_tokens) / times[0]
-            tokens = (1.0 - empty) * expected_tokens(alpha, k) + empty + other_tokens
-            return tokens / ((1.0 - empty) * times[k] + empty * empty_s)
-        return max(range(self.max_k + 1), key=lambda k: (tokens_per_second(k), -k))
+        return max(range(self.max_k + 1), key=lambda k: ((expected_tokens(alpha, k) + other_tokens) / times[k], -k))
 
     def probe_k(self, times: list[float] | None) -> int:
         """The block a retry drafts: the one whose round is cheapest (PROBE_K before any round was timed). That
@@ -389,13 +342,12 @@ class SpeculationPolicy:
                 return 0
             times = self.cost.times(self.max_k)  # the lines fitted once per round
             optimistic = self.cost.optimistic(times)
-            empty = self.empty_share()
-            k = self.probe_k(times) if self.probing else self.best_k(optimistic, empty=empty)
+            k = self.probe_k(times) if self.probing else self.best_k(optimistic)
             alpha = None  # judged by alpha(), unless the evidence is too thin to turn off on
             hopeless = k == 0 and self.cost.hopeless(times)
             if k == 0 and not hopeless:  # off only if still so half a standard error higher
                 alpha = self.alpha_upper()
-                k = self.best_k(optimistic, alpha=alpha, empty=empty)
+                k = self.best_k(optimistic, alpha=alpha)
             if k and batch is not None:
                 step_k = self.best_k(batch.times(self.max_k), batch.other_tokens, alpha=alpha)
                 if step_k == 0:
@@ -415,17 +367,12 @@ class SpeculationPolicy:
 
     def observe(self, num_draft_tokens: int, num_accepted: int, round_s: float, asked_k: int = 0) -> None:
         """Learn from a verified round: its draft size, accepted count and wall time. asked_k: the block the draft
-        was asked for (0: none). An ask that came back empty is a plain step plus the wait for the answer, and no
-        evidence of acceptance; a retry that came back empty has not paid."""
-        if asked_k and not num_draft_tokens:
-            self.cost.observe_empty(round_s)
-            self.empties.add(True)
-            self.probing = False
-            return
+        was asked for (0: none); a retry that came back empty is over, and has not paid."""
         self.cost.observe(num_draft_tokens, num_accepted, round_s, self.greedy)
         if not num_draft_tokens:
+            if asked_k:
+                self.probing = False
             return
-        self.empties.add(False)
         self.acceptance.add(num_draft_tokens, num_accepted)
         if self.probing:
             self.probing = False

@@ -44,25 +44,27 @@ def test_a_slow_draft_turns_speculation_off():
     assert SpeculationPolicy(4, 16, cost=cost).block_size(1000, 1000) == 0
 
 
-def test_an_ask_the_draft_had_nothing_for_is_an_empty_ask_not_a_plain_step():
-    """A real n-gram draft with no match for an unrepeated prompt: the ask comes back empty with no fallback
-    reason. The round's time (a plain step plus the wait for the answer) is the empty ask's, not a plain step's;
-    a later round that did not ask is a plain step again (the vLLM engine records a round before it asks)."""
+def test_a_retry_the_draft_had_nothing_for_is_over():
+    """A real n-gram draft with no match for an unrepeated prompt answers a retry with no block and no fallback
+    reason: the retry is over (it used to ask again every round). The ask is not carried into the next round's
+    record, which did not ask (the vLLM engine records a step's round before it asks for the next block)."""
     from tests.draft_service.inprocess import draft_server
     from tests.verifier_service.test_draft_link_limits import target
+    from tests.verifier_service.test_speculation_policy import cost_of
+    from verifier_service.speculation_policy import COOLDOWN_ROUNDS, PROBE_K
 
     async def scenario():
         async with draft_server() as (address, _servicer):
             link = DraftLink(address, ServerConfig(), target(), timeout_s=5.0)
-            cost = RoundCost()
-            speculation = RequestSpeculation(SpeculationPolicy(4, 16, cost=cost), link.session("r", SamplingParams()))
-            block, reason = await speculation.propose([1, 2, 3, 4, 5], 4)
+            policy = SpeculationPolicy(4, 16, cost=cost_of(0.07, 0.025, acceptance=0.2))  # blocks do not pay
+            speculation = RequestSpeculation(policy, link.session("r", SamplingParams()))
+            sizes = [speculation.block_size(1000, 1000) for _ in range(COOLDOWN_ROUNDS + 2)]
+            assert sizes == [0] * (COOLDOWN_ROUNDS + 1) + [PROBE_K] and policy.probing
+            block, reason = await speculation.propose([1, 2, 3, 4, 5], PROBE_K)
             assert block.token_ids == [] and reason == ""
-            speculation.record(Round(0, 0, 0.15, draft_wait_s=0.02, forward_s=0.13))
-            assert cost.empty_s.value == 0.15 and cost.empties.empty == 1.0 and 0 not in cost.seconds
-            assert speculation.policy.empties.empty == 1.0 and cost.acceptance[True].judged == 0.0
-            speculation.record(Round(0, 0, 0.13, forward_s=0.13, fallback="not_paying"))  # not asked this time
-            assert cost.seconds[0].value == 0.13 and cost.empty_s.samples == 1
+            speculation.record(Round(0, 0, 0.09, forward_s=0.07))
+            assert not policy.probing and speculation.asked_k == 0
+            assert speculation.block_size(1000, 1000) == 0 and policy.cooldown == 2 * COOLDOWN_ROUNDS
             speculation.close(None)
             await link.close()
 

@@ -265,36 +265,6 @@ def test_a_retry_that_comes_back_empty_is_over():
     assert policy.block_size(1000, 1000) == 0 and policy.cooldown == 2 * COOLDOWN_ROUNDS
 
 
-def test_asks_that_mostly_come_back_empty_stop_when_their_round_trips_outweigh_the_blocks():
-    """An n-gram draft 20 ms away from a 130 ms step, on text it seldom matches: 7 asks in 8 come back empty, each
-    a plain step plus the round trip. The blocks that do come pay on their own (7.9 tokens/s against 7.7 plain),
-    not for the empty asks' waits: speculation turns off. With the draft 1 ms away the same evidence drafts.
-    Counted as plain steps, the empty asks made a plain step look as slow as a round trip and asking free."""
-    def asked(trip: float) -> tuple[SpeculationPolicy, RoundCost]:
-        plain = 0.130
-        cost = RoundCost()
-        cost.acceptance[True] = seen(0.4)
-        for _ in range(3):
-            cost.observe(0, 0, plain)
-        for k in (2, 5, 8):
-            for _ in range(3):
-                cost.observe(k, k // 2, 1.66 * plain + trip)
-        policy = SpeculationPolicy(default_k=4, max_k=8, cost=cost)
-        for i in range(32):
-            if i % 8 == 3:
-                policy.observe(5, 1, 1.66 * plain + trip, asked_k=5)
-            else:
-                policy.observe(0, 0, plain + trip, asked_k=5)
-        return policy, cost
-
-    far, far_cost = asked(0.020)
-    assert far_cost.time(0) == pytest.approx(0.130) and far_cost.empty_s.value == pytest.approx(0.150)
-    assert far.empty_share() > 0.8
-    assert far.block_size(1000, 1000) == 0 and far.off_reason == "not_paying"
-    near, _ = asked(0.001)
-    assert near.block_size(1000, 1000) == 8
-
-
 def test_a_hopeless_verdict_expires_so_that_short_requests_draft_again():
     """Blocks judged unable to pay give the longest cool-down; a request shorter than it never probes, so the
     verdict would stand for good. After MAX_COOLDOWN_ROUNDS plain rounds server-wide it lapses: the next request
