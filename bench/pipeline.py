@@ -50,7 +50,6 @@ from specdec.stack import Service, scrape_metrics, wait_serving
 from specdec.v1 import common_pb2, verifier_pb2, verifier_pb2_grpc
 from tools.latency_proxy import LatencyProxy
 
-MODES = ("off", "serial", "pipelined")
 # Each verifier is its own process, and two processes running the same forwards can differ by a few percent
 # for the whole run (memory placement, which core their threads settle on). Off runs on both, and each mode is
 # paired with off on its own process; "off@pipelined" over "off" is that process difference.
@@ -270,7 +269,20 @@ def summary(rows: list[dict]) -> dict:
     return out
 
 
+def curve(rows: list[dict], workload: str, mode: str) -> dict[str, list[float]]:
+    """One mode's points against the round trip, as the tables report them: the paired speedup with its 90%
+    interval (the pooled one where no turn was paired) and the mean round time."""
+    points = sorted((r["rtt_ms"], r) for r in rows if r["workload"] == workload and r["mode"] == mode)
+    paired_or_pooled = [(r.get("paired_speedup") or r["speedup"], r.get("paired_low") or r["speedup"],
+                         r.get("paired_high") or r["speedup"]) for _, r in points]
+    return {"rtt_ms": [x for x, _ in points], "speedup": [s for s, _, _ in paired_or_pooled],
+            "low": [lo for _, lo, _ in paired_or_pooled], "high": [hi for _, _, hi in paired_or_pooled],
+            "round_ms": [r["round_ms"] for _, r in points]}
+
+
 def plot(rows: list[dict], title: str, path: pathlib.Path) -> None:
+    """Per workload: the paired speedup of serial and pipelined against the round trip, with its 90% interval and
+    the line 3% below off that issue 14 holds every configuration to; below it, the mean round time."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -279,22 +291,38 @@ def plot(rows: list[dict], title: str, path: pathlib.Path) -> None:
     workloads = sorted({r["workload"] for r in rows})
     fig, axes = plt.subplots(2, len(workloads), figsize=(5.5 * len(workloads), 7), squeeze=False)
     for col, workload in enumerate(workloads):
-        for mode in MODES:
-            points = sorted((r["rtt_ms"], r) for r in rows if r["workload"] == workload and r["mode"] == mode)
-            xs = [x for x, _ in points]
-            axes[0][col].plot(xs, [r["speedup"] for _, r in points], marker="o", label=mode)
-            axes[1][col].plot(xs, [r["round_ms"] for _, r in points], marker="o", label=mode)
+        for offset, mode in zip((-0.3, 0.3), ("serial", "pipelined")):
+            points = curve(rows, workload, mode)
+            xs = [x + offset for x in points["rtt_ms"]]  # side by side, so the intervals do not hide each other
+            errors = [[s - lo for s, lo in zip(points["speedup"], points["low"])],
+                      [hi - s for s, hi in zip(points["speedup"], points["high"])]]
+            axes[0][col].errorbar(xs, points["speedup"], yerr=errors, marker="o", capsize=3, label=mode)
+            axes[1][col].plot(points["rtt_ms"], points["round_ms"], marker="o", label=mode)
+        off = curve(rows, workload, "off")
+        axes[1][col].plot(off["rtt_ms"], off["round_ms"], marker="o", color="grey", label="off")
         axes[0][col].axhline(1.0, color="grey", linewidth=0.8)
-        axes[0][col].set_title(f"{workload}: speedup vs off", fontsize=10)
+        axes[0][col].axhline(0.97, color="grey", linewidth=0.8, linestyle="--", label="3% below off")
+        axes[0][col].set_title(f"{workload}: paired speedup vs off (90% interval)", fontsize=10)
         axes[1][col].set_title(f"{workload}: mean round time (ms)", fontsize=10)
         for ax in (axes[0][col], axes[1][col]):
             ax.set_xlabel("round trip verifier <-> draft (ms)")
             ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize=8)
+    axes[1][0].legend(fontsize=8)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def title(result: dict) -> str:
+    return (f"pipelined drafting, {result['method']} draft, {result['dtype']}, concurrency {result['concurrency']}"
+            + (", pinned cores" if result.get("pin_cores") else ""))
+
+
+def replot(path: pathlib.Path) -> None:
+    """Draw a results JSON's plot again (`python -c "import bench.pipeline as p, pathlib; p.replot(pathlib.Path(F))"`)."""
+    plot(json.loads(path.read_text())["rows"], title(json.loads(path.read_text())), path.with_suffix(".png"))
 
 
 def main(argv=None) -> int:
@@ -326,8 +354,7 @@ def main(argv=None) -> int:
         "rows": rows, "summary": summary(rows),
     }
     (out_dir / f"{name}.json").write_text(json.dumps(result, indent=1) + "\n")
-    plot(rows, f"pipelined drafting, {args.method} draft, {args.dtype}, concurrency {args.concurrency}",
-         out_dir / f"{name}.png")
+    plot(rows, title(result), out_dir / f"{name}.png")
     print(json.dumps(result["summary"], indent=1))
     print(f"CPU steadiness (the same matmuls timed 8 times, slowest/fastest): {steadiness['before']['spread']} "
           f"before the sweep, {steadiness['after']['spread']} after")

@@ -59,3 +59,18 @@ def test_each_mode_is_paired_with_off_on_its_own_verifier_process(monkeypatch):
     assert by[(0.0, "serial")]["paired_speedup"] == pytest.approx(1.0)
     assert by[(0.0, "off@pipelined")]["paired_speedup"] == pytest.approx(0.8)
     assert by[(0.0, "pipelined")]["turns"] == 4  # 2 prompts x 2 repeats, each its own turn
+
+
+def test_the_plot_draws_the_paired_speedup_the_tables_report(tmp_path):
+    """The plot's points are the paired speedups with their intervals (the tables' figures), not the pooled ones."""
+    from bench.pipeline import curve, plot
+
+    rows = [{"rtt_ms": 20.0, "workload": "copy", "mode": "pipelined", "speedup": 0.90, "round_ms": 190.0,
+             "paired_speedup": 0.95, "paired_low": 0.91, "paired_high": 0.99},
+            {"rtt_ms": 0.0, "workload": "copy", "mode": "pipelined", "speedup": 1.00, "round_ms": 160.0,
+             "paired_speedup": None, "paired_low": None, "paired_high": None}]
+    points = curve(rows, "copy", "pipelined")
+    assert points == {"rtt_ms": [0.0, 20.0], "speedup": [1.00, 0.95], "low": [1.00, 0.91], "high": [1.00, 0.99],
+                      "round_ms": [160.0, 190.0]}
+    plot(rows + [dict(r, mode="serial") for r in rows] + [dict(r, mode="off") for r in rows], "t", tmp_path / "p.png")
+    assert (tmp_path / "p.png").stat().st_size > 0
