@@ -344,7 +344,7 @@ def main(argv=None) -> int:
     steadiness["after"] = probe()
     result = {
         "what": "verifier Decode (greedy, adaptive k) through a draft behind a latency proxy: off, serial, pipelined",
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "model": args.model, "dtype": args.dtype, "method": args.method, "draft_model": args.draft_model,
         "concurrency": args.concurrency, "pin_cores": args.pin_cores, "workloads": args.workloads,
         "prompts_per_workload": args.prompts_per_workload, "max_tokens": args.max_tokens, "repeats": args.repeats,
