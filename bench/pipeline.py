@@ -56,6 +56,20 @@ from tools.latency_proxy import LatencyProxy
 RUNS = {"off": ("serial", 0), "serial": ("serial", None), "pipelined": ("pipelined", None),
         "off@pipelined": ("pipelined", 0)}  # run -> (verifier, k: 0 off, None the adaptive policy)
 BASELINE = {"off": "off", "serial": "off", "pipelined": "off@pipelined", "off@pipelined": "off"}
+# --compare-wait: a third verifier, pipelined with --far-draft wait (every round waits for its block, the behaviour
+# before a far draft could be asked during a plain step), paired with off on its own process
+WAIT_RUNS = {"waited": ("waited", None), "off@waited": ("waited", 0)}
+WAIT_BASELINE = {"waited": "off@waited", "off@waited": "off"}
+VERIFIERS = {"serial": ["--draft-ahead", "false"], "pipelined": ["--draft-ahead", "true"],
+             "waited": ["--draft-ahead", "true", "--far-draft", "wait"]}
+
+
+def runs_of(args) -> dict[str, tuple[str, int | None]]:
+    return {**RUNS, **WAIT_RUNS} if getattr(args, "compare_wait", False) else RUNS
+
+
+def baseline_of(args) -> dict[str, str]:
+    return {**BASELINE, **WAIT_BASELINE} if getattr(args, "compare_wait", False) else BASELINE
 
 
 def parse_args(argv=None):
@@ -71,6 +85,8 @@ def parse_args(argv=None):
     parser.add_argument("--max-tokens", type=int, default=64, help="cap on every prompt's max_tokens")
     parser.add_argument("--concurrency", type=int, default=1, help="requests in flight at once")
     parser.add_argument("--repeats", type=int, default=2, help="runs of each (delay, workload, mode), interleaved")
+    parser.add_argument("--compare-wait", action="store_true",
+                        help="also a pipelined verifier whose rounds always wait for their block (--far-draft wait)")
     parser.add_argument("--pin-cores", action="store_true", help="verifiers on core 0, draft on core 1 (taskset)")
     parser.add_argument("--name", default="", help="results name (default: <method>-c<concurrency>)")
     parser.add_argument("--results-dir", default="bench/results/pipeline")
@@ -94,10 +110,10 @@ def split_stack(args, log_dir: pathlib.Path):
         wait_serving(services[0].address, 300, services[0].process)
         with LatencyProxy(services[0].address) as proxy:
             verifiers = {}  # mode -> the verifier's Service
-            for mode, ahead in (("serial", "false"), ("pipelined", "true")):
+            for mode in sorted({verifier for verifier, _k in runs_of(args).values()}):
                 service = Service("verifier_service", [
                     "--model", args.model, "--dtype", args.dtype, "--threads", threads, "--draft", proxy.address,
-                    "--draft-ahead", ahead, "--draft-timeout-ms", "2000"], env, log_dir, launcher=pin(0))
+                    *VERIFIERS[mode], "--draft-timeout-ms", "2000"], env, log_dir, launcher=pin(0))
                 services.append(service)
                 verifiers[mode] = service
             for service in services[1:]:
@@ -133,7 +149,8 @@ def decode(address: str, ids: list[int], max_tokens: int, k: int | None) -> dict
     return {"seconds": seconds, "tokens": last.usage.completion_tokens, "rounds": stats.num_rounds,
             "drafts": stats.num_drafts, "draft_tokens": stats.num_draft_tokens,
             "accepted": stats.num_accepted_tokens, "fallback": stats.num_fallback_rounds,
-            "ahead_used": stats.num_ahead_used, "ahead_discarded": stats.num_ahead_discarded}
+            "ahead_used": stats.num_ahead_used, "ahead_discarded": stats.num_ahead_discarded,
+            "stepped": stats.num_stepped_rounds, "prefetched_used": stats.num_prefetched_used}
 
 
 def fallback_reasons(verifier) -> collections.Counter:
@@ -174,6 +191,10 @@ def row(delay: float, workload: str, mode: str, measured: dict, off: dict, concu
             "speedup": round(tps / tokens_per_s(off, concurrency), 3),
             "round_ms": round(1000 * measured["seconds"] / measured["rounds"], 1),
             "hit_rate": round(measured["ahead_used"] / measured["drafts"], 3) if measured["drafts"] else 0.0,
+            # blocks verified with no wait: drafted ahead, or asked during the plain step before (a far draft)
+            "no_wait_rate": round((measured["ahead_used"] + measured.get("prefetched_used", 0)) / measured["drafts"], 3)
+            if measured["drafts"] else 0.0,
+            "stepped_rounds": measured.get("stepped", 0),
             "acceptance": round(measured["accepted"] / measured["draft_tokens"], 3) if measured["draft_tokens"] else 0,
             "fallback_rounds": measured["fallback"],
             "fallback_reasons": {reason: int(n) for reason, n in sorted(measured.get("fallback_reasons", {}).items())},
@@ -182,8 +203,8 @@ def row(delay: float, workload: str, mode: str, measured: dict, off: dict, concu
 
 
 def run_as(mode: str, verifiers: dict, batch, concurrency: int) -> dict:
-    """One run of RUNS: its verifier, at its k."""
-    verifier, k = RUNS[mode]
+    """One run of RUNS (or WAIT_RUNS): its verifier, at its k."""
+    verifier, k = {**RUNS, **WAIT_RUNS}[mode]
     return run_mode(verifiers[verifier], batch, k, concurrency)
 
 
@@ -213,38 +234,40 @@ def sweep(args, proxy, verifiers, batches) -> list[dict]:
     rows with pooled speedups, and paired ones (each turn's mode against off in the same turn)."""
     from tqdm import tqdm
 
+    modes, baseline = runs_of(args), baseline_of(args)
     runs: dict[tuple[float, str, str], list[dict]] = {}
     ratios: dict[tuple[float, str, str], list[float]] = {}
     delays = [float(d) for d in args.delays.split(",")]
     for workload, batch in batches.items():  # warm-up: the first forwards, and the policy's server-wide round costs
-        for mode in RUNS:
+        for mode in modes:
             run_as(mode, verifiers, batch[:2], args.concurrency)
     steps = [(delay, workload, rep) for delay in delays for workload in batches for rep in range(args.repeats)]
     n = 0
     for delay, workload, rep in tqdm(steps, desc="pipeline sweep", unit="step"):
         proxy.delay_ms = delay / 2
         for turn in turns(batches[workload], args.concurrency):
-            order = list(RUNS)[n % len(RUNS):] + list(RUNS)[:n % len(RUNS)]  # rotate which runs first
+            order = list(modes)[n % len(modes):] + list(modes)[:n % len(modes)]  # rotate which runs first
             n += 1
             measured = {mode: run_as(mode, verifiers, turn, args.concurrency) for mode in order}
-            for mode in RUNS:
+            for mode in modes:
                 runs.setdefault((delay, workload, mode), []).append(measured[mode])
                 ratios.setdefault((delay, workload, mode), []).append(
                     tokens_per_s(measured[mode], args.concurrency)
-                    / tokens_per_s(measured[BASELINE[mode]], args.concurrency))
+                    / tokens_per_s(measured[baseline[mode]], args.concurrency))
     rows = []
     for workload in batches:
         offs = {base: pooled([r for (_, w, mode), rs in runs.items() if w == workload and mode == base for r in rs])
-                for base in set(BASELINE.values())}
+                for base in set(baseline.values())}
         for delay in delays:
-            for mode in RUNS:
-                rows.append(row(delay, workload, mode, pooled(runs[(delay, workload, mode)]), offs[BASELINE[mode]],
+            for mode in modes:
+                rows.append(row(delay, workload, mode, pooled(runs[(delay, workload, mode)]), offs[baseline[mode]],
                                 args.concurrency))
                 rows[-1].update(paired(ratios[(delay, workload, mode)]))
                 print(f"rtt {delay:g} ms {workload:<12} {mode:<13} {rows[-1]['tokens_per_s']:6.2f} tok/s "
                       f"speedup {rows[-1]['speedup']:.2f}x paired {rows[-1]['paired_speedup']:.3f}x "
                       f"[{rows[-1]['paired_low']:.3f}, {rows[-1]['paired_high']:.3f}] over {rows[-1]['turns']} turns, "
                       f"round {rows[-1]['round_ms']:.0f} ms hit rate {rows[-1]['hit_rate']:.2f} "
+                      f"no wait {rows[-1]['no_wait_rate']:.2f} stepped {rows[-1]['stepped_rounds']} "
                       f"fallback {rows[-1]['fallback_rounds']} {rows[-1]['fallback_reasons']}", flush=True)
     return rows
 
@@ -253,7 +276,7 @@ def summary(rows: list[dict]) -> dict:
     """Per workload and mode: the speedup kept at the largest delay, against its own at 0 ms."""
     out = {}
     for workload in sorted({r["workload"] for r in rows}):
-        for mode in ("serial", "pipelined"):
+        for mode in ("serial", "pipelined", "waited"):
             points = {r["rtt_ms"]: r for r in rows if r["workload"] == workload and r["mode"] == mode}
             if 0.0 in points and len(points) > 1:
                 worst = max(points)
@@ -291,7 +314,8 @@ def plot(rows: list[dict], title: str, path: pathlib.Path) -> None:
     workloads = sorted({r["workload"] for r in rows})
     fig, axes = plt.subplots(2, len(workloads), figsize=(5.5 * len(workloads), 7), squeeze=False)
     for col, workload in enumerate(workloads):
-        for offset, mode in zip((-0.3, 0.3), ("serial", "pipelined")):
+        modes = [m for m in ("serial", "pipelined", "waited") if any(r["mode"] == m for r in rows)]
+        for offset, mode in zip((-0.3, 0.3, 0.9), modes):
             points = curve(rows, workload, mode)
             xs = [x + offset for x in points["rtt_ms"]]  # side by side, so the intervals do not hide each other
             errors = [[s - lo for s, lo in zip(points["speedup"], points["low"])],
@@ -346,7 +370,7 @@ def main(argv=None) -> int:
         "what": "verifier Decode (greedy, adaptive k) through a draft behind a latency proxy: off, serial, pipelined",
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "model": args.model, "dtype": args.dtype, "method": args.method, "draft_model": args.draft_model,
-        "concurrency": args.concurrency, "pin_cores": args.pin_cores, "workloads": args.workloads,
+        "concurrency": args.concurrency, "pin_cores": args.pin_cores, "compare_wait": args.compare_wait, "workloads": args.workloads,
         "prompts_per_workload": args.prompts_per_workload, "max_tokens": args.max_tokens, "repeats": args.repeats,
         "baseline": "off pooled over every delay per workload (off never reaches the draft)",
         "machine": machine_info(1 if args.pin_cores else args.threads, "PASSIVE"),

@@ -55,8 +55,13 @@ class SimResult:
 
 def simulate(runs: list[tuple[list[int], list[int]]], drafts: replay.Drafts, curve: VerifyCurve | None,
              fixed_k: int | None, default_k: int = 4, max_k: int = 16, c: float = 0.0, rho: float = 0.0,
-             noise: float = 0.05, seed: int = 0) -> SimResult:
-    """Run the workload's requests in order through the policy (fixed_k None: adaptive)."""
+             noise: float = 0.05, seed: int = 0, far_draft: str = "auto") -> SimResult:
+    """Run the workload's requests in order through the policy (fixed_k None: adaptive).
+
+    A round goes as in `RequestSpeculation.propose`: the block asked during the last plain step, if the step's
+    token was its first (no wait: neither the draft's time nor the transport is paid again); else, where the policy
+    steps while a far draft drafts (`step_while_drafting`, far_draft as --far-draft), a plain step that asks for
+    k + 1 tokens; else a round that waits for its block."""
     from verifier_service.speculation_policy import RoundCost, SpeculationPolicy
 
     rng = random.Random(seed)
@@ -64,15 +69,42 @@ def simulate(runs: list[tuple[list[int], list[int]]], drafts: replay.Drafts, cur
     open_sequence = drafts.new_pass()
     result = SimResult()
     for prompt_ids, continuation in runs:
-        policy = SpeculationPolicy(default_k, max_k, fixed_k, cost=cost, draft_sizes_blocks=drafts.sizes_blocks)
+        policy = SpeculationPolicy(default_k, max_k, fixed_k, cost=cost, draft_sizes_blocks=drafts.sizes_blocks,
+                                   far_draft=far_draft)
         sequence = open_sequence(list(prompt_ids))
         pos, end = 0, len(continuation)
+        prefetched: tuple[int, list[int]] | None = None  # (position asked at, the draft's answer)
         while pos < end:
             k = policy.block_size(end - pos, 1 << 30)
-            block, matched, emitted = replay.greedy_round(sequence, len(prompt_ids) + pos, continuation[pos:], k)
-            # A round pays the draft and the transport when it asked the draft, whatever came back.
-            steps = round_cost(len(block), curve, c, rho if k else 0.0) * rng.lognormvariate(0.0, noise)
-            policy.observe(len(block), matched, steps, asked_k=k)
+            committed, rest = len(prompt_ids) + pos, continuation[pos:]
+            at_hand: list[int] = []
+            if k and prefetched is not None:
+                (base, answer), prefetched = prefetched, None
+                decoded = continuation[base:pos]
+                if decoded and answer:
+                    policy.observe_first_token(answer[0] == decoded[0])
+                    if len(decoded) < len(answer) and answer[:len(decoded)] == decoded:
+                        at_hand = answer[len(decoded):len(decoded) + k]
+            jitter = rng.lognormvariate(0.0, noise)
+            if at_hand:
+                block, matched = at_hand, replay.accept_greedy(at_hand, rest)
+                emitted = rest[:matched + 1]
+                sequence.update(committed, emitted)
+                steps = round_cost(len(block), curve) * jitter  # the block was here: no wait
+                policy.observe(len(block), matched, steps)
+            elif k and policy.step_while_drafting(k):
+                prefetched = (pos, list(sequence.propose(k + 1).token_ids))
+                block, matched, emitted = [], 0, rest[:1]
+                sequence.update(committed, emitted)  # the plain step's token; the next sync rolls the answer back
+                steps = round_cost(0, curve) * jitter
+                policy.observe(0, 0, steps)
+            else:
+                block, matched, emitted = replay.greedy_round(sequence, committed, rest, k)
+                # A round pays the draft and the transport when it asked the draft, whatever came back.
+                steps = round_cost(len(block), curve, c, rho if k else 0.0) * jitter
+                policy.observe(len(block), matched, steps, asked_k=k)
+                if k:
+                    cost.observe_wait((c * len(block) + rho) * jitter)
             result.steps += steps
             result.tokens += len(emitted)
             result.drafted += len(block)
@@ -120,14 +152,14 @@ def generate(model_path: str, out: pathlib.Path, workloads: list[str], max_promp
 
 
 def compare(continuations: pathlib.Path, workloads: list[str], curve: dict[int, float], fixed: tuple[int, ...],
-            seeds: int, c: float, rho: float, noise: float) -> list[dict]:
+            seeds: int, c: float, rho: float, noise: float, far_draft: str = "auto") -> list[dict]:
     rows = []
     for workload in workloads:
         runs = load_runs(continuations / f"{workload}.json")
         for drafts in (replay.ngram_drafts(), replay.suffix_drafts()):
             def mean(fixed_k):
-                results = [simulate(runs, drafts, curve, fixed_k, c=c, rho=rho, noise=noise, seed=s)
-                           for s in range(seeds)]
+                results = [simulate(runs, drafts, curve, fixed_k, c=c, rho=rho, noise=noise, seed=s,
+                                    far_draft=far_draft) for s in range(seeds)]
                 return sum(r.speedup for r in results) / len(results), results[0]
             adaptive, sample = mean(None)
             by_k = {k: mean(k)[0] for k in fixed}
@@ -219,6 +251,8 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--noise", type=float, default=0.05, help="lognormal sigma of a round's time")
     s.add_argument("--c", type=float, default=0.0, help="draft cost per token, in target steps")
     s.add_argument("--rho", type=float, default=0.03, help="transport per drafted round, in target steps")
+    s.add_argument("--far-draft", default="auto", choices=["auto", "wait", "step"],
+                   help="the verifier's --far-draft: whether a round may decode a plain step while the draft drafts")
     s.add_argument("--json", type=pathlib.Path, help="also write the rows here")
     b = sub.add_parser("bound", help="the speedup of an oracle that drafts the longest run of seen text the output "
                                      "continues with: the ceiling for n-gram and suffix drafts")
@@ -235,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "bound":
         return print_bound(bound(args.continuations, args.workloads, curve), curve, args.against, args.json)
     rows = compare(args.continuations, args.workloads, curve, tuple(args.fixed_k), args.seeds, args.c, args.rho,
-                   args.noise)
+                   args.noise, args.far_draft)
     print_curve(curve)
     print(f"{'workload':<12} {'method':<7} {'adaptive':>8} {'best k':>6} {'fixed':>6} {'ratio':>6} {'accept':>6}  "
           + " ".join(f"k={k:<4}" for k in args.fixed_k))

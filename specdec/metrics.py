@@ -25,6 +25,10 @@ FALLBACK_ROUNDS = Counter("specdec_fallback_rounds", "Rounds decoded without spe
 AHEAD_BLOCKS = Counter("specdec_ahead_blocks", "Blocks the draft sent ahead, by what the verifier did with them",
                        ["outcome"])
 DRAFT_AHEAD = Counter("specdec_draft_ahead", "Blocks this draft sent ahead, and their outcomes", ["outcome"])
+# Verifier: blocks asked for during a plain step instead of waited for (a far draft), by outcome: used (the step's
+# token was the block's first), missed (it was not), invalid.
+PREFETCHED_BLOCKS = Counter("specdec_prefetched_blocks", "Blocks asked for while a plain step ran, by outcome",
+                            ["outcome"])
 REQUESTS = Counter("specdec_requests", "Finished requests", ["finish_reason"])
 GENERATED_TOKENS = Counter("specdec_generated_tokens", "Tokens generated")
 LIVE_SEQUENCES = Gauge("specdec_live_sequences", "Sequences holding state (KV cache) in this process")

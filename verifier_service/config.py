@@ -22,6 +22,10 @@ class VerifierConfig(ModelConfig):
     draft_timeout_ms: float = option(1000.0, "a round waits this long for its draft block, then decodes without it")
     draft_ahead: bool = option(True, "pipelined drafting: the draft drafts the next block while this one is verified "
                                      "and sends it ahead; a round whose outcome it assumed waits for no round trip")
+    far_draft: str = option(
+        "auto", "a round with no block at hand: auto weighs waiting for the draft's answer against decoding a plain "
+                "step meanwhile and verifying the block after it (only where the answer takes over 1/20 of a step); "
+                "wait always waits; step always steps (any draft, any k)", choices=["auto", "wait", "step"])
     draft_wait_s: float = option(30.0, "at start-up, wait this long for the draft to check its tokenizer")
     max_sequences: int = option(64, "live sequences at most; more get RESOURCE_EXHAUSTED")
     max_cache_tokens: int = option(262144, "tokens (prompt + max_tokens, reserved) in all KV caches at most")

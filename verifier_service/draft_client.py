@@ -3,7 +3,8 @@
 `DraftLink` owns the channel to the draft service and a shared back-off: when
 the draft fails, every sequence decodes without it until the back-off expires,
 then the next sequence to ask reconnects. `DraftSession` is one sequence's
-handle: its stream and its position in the draft. Any failure (the draft died,
+handle: its stream and its position in the draft; it can also ask for a block without
+waiting (`prefetch`) and take the answer on the next round (`at_hand`). Any failure (the draft died,
 was too slow, or answered nonsense) gives that round an empty block with the
 reason, and the engine carries on without speculation.
 """
@@ -188,23 +189,33 @@ class DraftSession:
         self.stream: ProposeStream | None = None  # the Propose stream, once opened
         self.synced = 0  # tokens[:synced] are known to be identical in the draft
         self.ahead = AheadCounts()
+        self.prefetched: tuple[int, int, int] | None = None  # an unanswered prefetch: (round, tokens before it, k asked)
 
     @property
     def call(self):
         return self.stream.call if self.stream is not None else None
 
+    async def _ensure_stream(self, tokens: list[int]) -> str:
+        """Open the Propose stream on first use; "" when it is open, else why the round has no draft."""
+        if self.stream is not None:
+            return ""
+        if not self.link.available():
+            return "backoff"
+        try:
+            call = await self.link.open(self.request_id, tokens, self.sampling, self.tenant)
+        except DraftUnavailable as exc:
+            log.warning("request %s: decoding without the draft: %s", self.request_id, exc)
+            return "unavailable"
+        self.stream = ProposeStream(call, self.ahead)
+        self.synced = len(tokens)
+        return ""
+
     async def propose(self, tokens: list[int], k: int) -> tuple[DraftBlock, str]:
         """A block of up to k tokens after `tokens`, or an empty one and the reason it is empty."""
-        if self.stream is None:
-            if not self.link.available():
-                return DraftBlock.empty(), "backoff"
-            try:
-                call = await self.link.open(self.request_id, tokens, self.sampling, self.tenant)
-            except DraftUnavailable as exc:
-                log.warning("request %s: decoding without the draft: %s", self.request_id, exc)
-                return DraftBlock.empty(), "unavailable"
-            self.stream = ProposeStream(call, self.ahead)
-            self.synced = len(tokens)
+        reason = await self._ensure_stream(tokens)
+        if reason:
+            return DraftBlock.empty(), reason
+        self.prefetched = None
         if self.link.max_k:
             k = min(k, self.link.max_k)  # the draft refuses larger blocks (its --max-speculative-tokens)
         stream = self.stream
@@ -231,6 +242,69 @@ class DraftSession:
         self.link.backoff.succeeded()
         return block, ""
 
+    def ahead_ready(self, tokens: list[int]) -> bool:
+        """Whether the draft's block drafted ahead for `tokens` has arrived (propose would use it at once)."""
+        return self.stream is not None and self.stream.ahead_ready(self.synced, tokens[self.synced:])
+
+    async def prefetch(self, tokens: list[int], k: int) -> str:
+        """Ask for a block after `tokens` without waiting: the verifier decodes a plain step meanwhile, and the
+        next round finds the answer (`at_hand`). One token more than k is asked, so that the block still holds
+        k after the plain step's token, if the draft guessed that token. "" or why nothing was asked."""
+        reason = await self._ensure_stream(tokens)
+        if reason:
+            return reason
+        k = min(k + 1, self.link.max_k) if self.link.max_k else k + 1
+        stream = self.stream
+        try:
+            round_ = await asyncio.wait_for(stream.send(self.synced, tokens[self.synced:], k), self.link.timeout_s)
+        except STREAM_ERRORS as exc:
+            if self.stream is not stream:
+                return "closed"
+            self.link.failed(exc)
+            return self._give_up(f"draft round failed: {exc!r}")[1]
+        self.synced = len(tokens)
+        self.prefetched = (round_, len(tokens), k)
+        return ""
+
+    async def at_hand(self, tokens: list[int], k: int) -> tuple[DraftBlock | None, bool | None]:
+        """The answer to the last prefetch, as a block of up to k tokens after `tokens`, if the tokens decoded since
+        it was asked are its first ones (it was drafted after tokens[:base]; the block is what follows tokens[base:]
+        in it). A draft slower than the plain step is waited for here, for what is left of its time. (block or
+        None, whether its first token was the target's: None when nothing was judged). A block is never used
+        after tokens it did not assume."""
+        if self.prefetched is None or self.stream is None:
+            return None, None
+        (round_, base, asked), self.prefetched = self.prefetched, None
+        stream = self.stream
+        try:
+            response = await asyncio.wait_for(stream.answer(round_), self.link.timeout_s)
+        except STREAM_ERRORS as exc:
+            if self.stream is stream:
+                self.link.failed(exc)
+                self._give_up(f"draft round failed: {exc!r}")
+            return None, None
+        proposed, decoded = list(response.token_ids), tokens[base:]
+        if not decoded or not proposed:
+            return None, None
+        if len(proposed) > asked:
+            log.warning("request %s: the draft answered %d tokens where %d were asked", self.request_id,
+                        len(proposed), asked)
+            self.ahead.prefetch("invalid")
+            return None, None
+        if len(decoded) >= len(proposed) or proposed[:len(decoded)] != decoded:
+            self.ahead.prefetch("missed")
+            return None, proposed[0] == decoded[0]
+        try:
+            block = self._block(response, k, ahead=True, offset=len(decoded))
+        except DraftUnavailable as exc:
+            log.warning("request %s: dropped a prefetched block: %s", self.request_id, exc)
+            self.ahead.prefetch("invalid")
+            return None, None
+        self.synced = base + len(decoded)  # the draft holds tokens[:base] + its proposal, which begins with these
+        self.ahead.prefetch("used")
+        self.link.backoff.succeeded()
+        return block, True
+
     def _give_up(self, why: str) -> tuple[DraftBlock, str]:
         """End this stream; the next round opens a new one (after the link's back-off, if any)."""
         log.warning("request %s: decoding without the draft: %s", self.request_id, why)
@@ -241,24 +315,26 @@ class DraftSession:
         """The verifier kept the last block up to num_accepted tokens: the draft holds those too."""
         self.synced += num_accepted
 
-    def _block(self, response: draft_pb2.ProposeResponse, k: int, ahead: bool = False) -> DraftBlock:
-        """The response as a block of at most k tokens. An ahead block was drafted before k was known and may
-        be longer: its first k tokens are a block for this round (q of each is conditioned on those before)."""
+    def _block(self, response: draft_pb2.ProposeResponse, k: int, ahead: bool = False, offset: int = 0) -> DraftBlock:
+        """The response as a block of at most k tokens, from its token `offset` on (a prefetched block, after the
+        tokens decoded meanwhile). An ahead or prefetched block was drafted before k was known and may be longer:
+        its first k tokens are a block for this round (q of each is conditioned on those before)."""
         tokens = list(response.token_ids)
         vocab = self.link.target_info.vocab_size
         if (len(tokens) > k and not ahead) or any(t < 0 or t >= vocab for t in tokens):
             raise DraftUnavailable(f"the draft sent an invalid block {tokens[:8]} for k={k}")
         if not response.probs:
-            return DraftBlock(tokens[:k], None, ahead)
+            return DraftBlock(tokens[offset:offset + k], None, ahead)
         probs = np.frombuffer(response.probs, dtype="<f4")
         if probs.size % max(len(tokens), 1) or not tokens:
             raise DraftUnavailable("the draft sent probabilities that do not match its tokens")
-        q = torch.from_numpy(probs.reshape(len(tokens), -1)[:k].copy())  # [k', V_draft]
+        q = torch.from_numpy(probs.reshape(len(tokens), -1)[offset:offset + k].copy())  # [k', V_draft]
         if q.shape[1] < vocab:  # a draft with a narrower output layer: pad q with zeros
             q = torch.nn.functional.pad(q, (0, vocab - q.shape[1]))
-        return DraftBlock(tokens[:k], q[:, :vocab], ahead)
+        return DraftBlock(tokens[offset:offset + k], q[:, :vocab], ahead)
 
     def cancel(self) -> None:
+        self.prefetched = None
         if self.stream is not None:
             _end(self.stream.call)
             self.stream = None

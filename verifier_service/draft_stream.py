@@ -8,6 +8,8 @@ its block:
   arrived, the round waits for no round trip (the draft only confirms it: `answered_ahead`);
 - otherwise the draft's ordinary answer to the round; or, when the draft says an ahead block answered
   the round but none here matched (a tag that did not parse), no block: the round is a plain step.
+`send` and `answer` split the two for a round that decodes a plain step while the draft drafts (a far draft,
+`DraftSession.prefetch`): the sync goes now, the answer is taken on the next round.
 Anything else is discarded and counted: ahead blocks that assumed another outcome of the previous round,
 blocks tagged with another round, and ahead blocks over the inbox bound (a draft that floods the stream
 keeps the verifier's memory bounded). A block is never used for a round whose sync it did not assume.
@@ -33,10 +35,12 @@ class StreamEnded(Exception):
 
 @dataclasses.dataclass
 class AheadCounts:
-    """One sequence's ahead blocks: used (no round trip) and discarded."""
+    """One sequence's ahead blocks: used (no round trip) and discarded; and its prefetched blocks (asked for
+    during a plain step) by outcome."""
 
     used: int = 0
     discarded: int = 0
+    prefetched: collections.Counter = dataclasses.field(default_factory=collections.Counter)
 
     def use(self) -> None:
         self.used += 1
@@ -45,6 +49,11 @@ class AheadCounts:
     def discard(self, why: str) -> None:
         self.discarded += 1
         metrics.AHEAD_BLOCKS.labels(outcome=f"discarded_{why}").inc()
+
+    def prefetch(self, outcome: str) -> None:
+        """A prefetched block's fate: "used", "missed" (the plain step's token was not its first) or "invalid"."""
+        self.prefetched[outcome] += 1
+        metrics.PREFETCHED_BLOCKS.labels(outcome=outcome).inc()
 
 
 class ProposeStream:
@@ -90,13 +99,37 @@ class ProposeStream:
             self.inbox.remove(message)
             self._drop(message, "other_round")
 
+    async def send(self, keep_length: int, append_token_ids: list[int], k: int) -> int:
+        """Sync the draft and ask for up to k tokens, without waiting for the answer; the round asked."""
+        self.round += 1
+        await self.call.write(draft_pb2.ProposeRequest(next=draft_pb2.NextBlock(
+            keep_length=keep_length, append_token_ids=append_token_ids, num_tokens=k, round=self.round)))
+        return self.round
+
+    async def answer(self, round_: int) -> draft_pb2.ProposeResponse:
+        """The draft's answer to `round_` (asked with `send`), waited for if it has not arrived; it leaves the inbox."""
+        while True:
+            for message in list(self.inbox):
+                if not message.HasField("ahead") and message.round == round_:
+                    self.inbox.remove(message)
+                    self.answered = max(self.answered, round_)
+                    return message
+            if self.ended is not None:
+                raise self.ended
+            self.arrived.clear()
+            await self.arrived.wait()
+
+    def ahead_ready(self, keep_length: int, append_token_ids: list[int]) -> bool:
+        """Whether a block drafted ahead for the next round, assuming exactly this sync, has arrived."""
+        return any(message.HasField("ahead") and message.round == self.round + 1
+                   and message.ahead.keep_length == keep_length
+                   and list(message.ahead.append_token_ids) == append_token_ids for message in self.inbox)
+
     async def next_block(self, keep_length: int, append_token_ids: list[int],
                          k: int) -> tuple[draft_pb2.ProposeResponse, bool]:
         """Sync the draft and ask for up to k tokens; (the round's block, whether it came ahead). A block
         the draft says came ahead but that was discarded here is an empty message."""
-        self.round += 1
-        await self.call.write(draft_pb2.ProposeRequest(next=draft_pb2.NextBlock(
-            keep_length=keep_length, append_token_ids=append_token_ids, num_tokens=k, round=self.round)))
+        await self.send(keep_length, append_token_ids, k)
         while True:
             while self.inbox:
                 message = self.inbox.popleft()

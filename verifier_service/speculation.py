@@ -18,6 +18,13 @@ of the asked size with nothing accepted, so a draft too slow to answer in time t
 instead of making plain steps look slow. Where the draft had nothing to propose (no n-gram match), the
 policy sees a plain step that was asked for (`SpeculationPolicy.observe`'s asked_k: a retry that
 found nothing is over).
+
+A far draft (its answer takes a good share of a step: another host, a slow model) need not be waited
+for: where the speedup model says so (`SpeculationPolicy.step_while_drafting`, --far-draft), the round
+asks for the block and decodes a plain step meanwhile ("stepped"), and the next round verifies the
+block after the step's token if the draft's first token was that one (`DraftSession.prefetch`,
+`at_hand`). The plain step emits what plain decoding would; the block is then a valid draft for the
+tokens after it, so every choice stays lossless.
 """
 
 from __future__ import annotations
@@ -45,6 +52,8 @@ class SpeculationStats:
     num_fallback_rounds: int = 0
     num_ahead_used: int = 0  # blocks drafted ahead and used: no round trip (pipelined drafting)
     num_ahead_discarded: int = 0
+    num_stepped_rounds: int = 0  # plain steps decoded while a far draft drafted (fallback "stepped")
+    num_prefetched_used: int = 0  # blocks asked during such a step and verified after it: no round trip
     accepted_per_position: list[int] = dataclasses.field(default_factory=list)
 
     def add(self, num_draft_tokens: int, num_accepted: int) -> None:
@@ -71,6 +80,8 @@ class SpeculationStats:
             num_fallback_rounds=self.num_fallback_rounds,
             num_ahead_used=self.num_ahead_used,
             num_ahead_discarded=self.num_ahead_discarded,
+            num_stepped_rounds=self.num_stepped_rounds,
+            num_prefetched_used=self.num_prefetched_used,
         )
 
 
@@ -103,7 +114,8 @@ class RequestSpeculation:
         self.span = span if span is not None else trace.get_current_span()
         self.live_sequences = live_sequences
         self.stats = SpeculationStats()
-        self.block_came_ahead = False  # the last proposed block was drafted ahead
+        self.block_came_ahead = False  # the last proposed block was drafted ahead, or asked during the last step
+        self.block_prefetched = False  # the last proposed block was asked during the last (plain) step
         self.asked_k = 0  # the k the draft was last asked for (0: not asked)
 
     def block_size(self, remaining_tokens: int, remaining_context: int, batch: Batch | None = None) -> int:
@@ -113,11 +125,24 @@ class RequestSpeculation:
         return self.policy.block_size(remaining_tokens, remaining_context, self.live_sequences(), batch)
 
     async def propose(self, tokens: list[int], k: int) -> tuple[DraftBlock, str]:
-        """Up to k draft tokens after `tokens`, and why the block is empty where it is ("" otherwise)."""
-        self.block_came_ahead = False
+        """Up to k draft tokens after `tokens`, and why the block is empty where it is ("" otherwise).
+
+        In order: the answer to the block asked during the last plain step, if it has arrived and fits the tokens
+        decoded since (no wait); else, where waiting for a far draft costs more than a plain step meanwhile
+        (`SpeculationPolicy.step_while_drafting`) and no block drafted ahead is here, ask without waiting and
+        decode a plain step ("stepped"); else ask and wait, as always."""
+        self.block_came_ahead = self.block_prefetched = False
         self.asked_k = 0
         if self.draft is None or k == 0:
             return DraftBlock.empty(), self.policy.off_reason if self.draft is not None else ""
+        block, first_token_accepted = await self.draft.at_hand(tokens, k)
+        if first_token_accepted is not None:
+            self.policy.observe_first_token(first_token_accepted)
+        if block is not None:
+            self.block_came_ahead = self.block_prefetched = True
+            return block, ""
+        if self.policy.step_while_drafting(k) and not self.draft.ahead_ready(tokens):
+            return DraftBlock.empty(), await self.draft.prefetch(tokens, k) or "stepped"
         self.asked_k = k
         block, reason = await self.draft.propose(tokens, k)
         self.block_came_ahead = block.ahead
@@ -130,12 +155,16 @@ class RequestSpeculation:
         if self.draft is not None:
             self.draft.accepted(round_.num_accepted)
             self.stats.num_ahead_used, self.stats.num_ahead_discarded = self.draft.ahead.used, self.draft.ahead.discarded
+            self.stats.num_prefetched_used = self.draft.ahead.prefetched["used"]
+            self.stats.num_stepped_rounds += round_.fallback == "stepped"
             if round_.fallback:
                 self.stats.num_fallback_rounds += 1
                 metrics.FALLBACK_ROUNDS.labels(reason=round_.fallback).inc()
         seconds = 0.0 if round_.shared else round_.seconds  # a shared step's time is for StepCost, not RoundCost
         # this round's ask; reset, for the vLLM engine records a step's round before it asks for the next block
         asked_k, self.asked_k = self.asked_k, 0
+        if asked_k and not self.block_came_ahead and round_.draft_wait_s is not None:
+            self.policy.cost.observe_wait(round_.draft_wait_s)  # what asking costs when the answer is waited for
         if not round_.num_draft_tokens and round_.fallback in DRAFT_GAVE_NOTHING and asked_k:
             self.policy.observe(asked_k, 0, seconds)  # drafting's price, not a plain step's
         else:
@@ -154,6 +183,8 @@ class RequestSpeculation:
             event["draft_wait_ms"] = round(round_.draft_wait_s * 1000, 3)
         if round_.num_draft_tokens:
             event["ahead"] = self.block_came_ahead  # drafted ahead (no round trip) or on request
+            if self.block_prefetched:
+                event["prefetched"] = True  # asked during the plain step before: no wait either
         if round_.fallback:
             event["fallback"] = round_.fallback
         self.span.add_event("round", event)

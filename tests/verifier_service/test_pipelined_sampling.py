@@ -14,9 +14,9 @@ import torch
 from draft_service.model_draft import ModelProposer
 from specdec.config import ServerConfig
 from specdec.sampling import SamplingParams, probs_from_logits
+from specdec.testing import pooled_chi_square_p_value
 from specdec.v1 import common_pb2
 from tests.draft_service.inprocess import draft_server
-from specdec.testing import pooled_chi_square_p_value
 from tests.verifier_service.test_rejection_sampler import ENGINE_VOCAB, build_small_vocab_pair
 from verifier_service.decode_loop import DecodeSpec
 from verifier_service.draft_client import DraftLink
@@ -43,17 +43,23 @@ def three_token_marginals(model, prompt):
     return torch.stack([first, joint2.sum(0), (joint2[:, :, None] * after2).sum((0, 1))])
 
 
-async def sample_three(target, draft, prompt):
+def ahead_policy() -> SpeculationPolicy:
+    return SpeculationPolicy(1, 8, requested_k=1, greedy=False)
+
+
+async def sample_three(target, draft, prompt, policy=ahead_policy, counted=lambda draft: draft.ahead.used, **server):
+    """Histograms [3, V] of the first three tokens over SAMPLES seeded requests, each with `policy()`, and the sum of
+    `counted(draft session)`: the rounds that took the path under test. `server`: the draft service's settings."""
     engine = TransformersEngine(target)
     counts = torch.zeros(3, ENGINE_VOCAB)
     used = 0
-    async with draft_server(proposer=ModelProposer(draft), info=INFO, propose_ahead="always") as (address, _):
+    async with draft_server(proposer=ModelProposer(draft), info=INFO, **(server or {"propose_ahead": "always"})) \
+            as (address, _):
         link = DraftLink(address, ServerConfig(), INFO, timeout_s=10.0)
         for i in range(SAMPLES):
             params = SamplingParams(temperature=1.0, seed=i)
             spec = DecodeSpec(f"r{i}", list(prompt), params, 8, [], 1)
-            speculation = RequestSpeculation(SpeculationPolicy(1, 8, requested_k=1, greedy=False),
-                                             link.session(spec.request_id, params))
+            speculation = RequestSpeculation(policy(), link.session(spec.request_id, params))
             tokens = []
             rounds = engine.rounds(spec, speculation)
             async for emitted in rounds:
@@ -62,11 +68,19 @@ async def sample_three(target, draft, prompt):
                     break
             await rounds.aclose()
             speculation.close(None)
-            used += speculation.draft.ahead.used
+            used += counted(speculation.draft)
             for position in range(3):
                 counts[position, tokens[position]] += 1
         await link.close()
     return counts, used
+
+
+def assert_follows(counts, expected) -> None:
+    """Each position's histogram against the target's exact marginal (pooled chi-square: bins expected to hold under 5
+    samples are merged; a token of p = 1e-4 seen once is no evidence)."""
+    for position in range(3):
+        probs = expected[position].double()
+        assert pooled_chi_square_p_value(counts[position].tolist(), (probs / probs.sum()).numpy()) > 1e-3, position
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +97,4 @@ def test_tokens_sampled_with_blocks_drafted_ahead_follow_the_target(peaked_pair)
     counts, used = asyncio.run(sample_three(target, draft, prompt))
     print(f"figure: {SAMPLES} samples, {used} rounds served by a block drafted ahead")
     assert used > SAMPLES // 10, "the pipelined path was hardly exercised"
-    for position in range(3):
-        # pooled: bins expected to hold under 5 samples are merged (a token of p = 1e-4 seen once is no evidence)
-        probs = expected[position].double()
-        assert pooled_chi_square_p_value(counts[position].tolist(), (probs / probs.sum()).numpy()) > 1e-3, position
+    assert_follows(counts, expected)

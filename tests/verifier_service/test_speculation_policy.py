@@ -361,3 +361,33 @@ def test_an_estimate_from_a_few_tokens_just_under_break_even_drafts_on_to_learn(
     sure = SpeculationPolicy(default_k=4, max_k=3, cost=cost)
     sure.acceptance = Acceptance(DECAY, accepted=14.0, judged=200.0)
     assert sure.block_size(1000, 1000) == 0 and sure.off_reason == "not_paying"
+
+
+@pytest.mark.parametrize("wait_s, acceptance, fixed, steps", [
+    (0.001, 0.3, False, False),  # a near draft (1% of a step): always waited for
+    (0.03, 0.3, False, True),  # far, 30% accepted: 1.43 tokens in 0.18 s waiting, 1 + 0.43 in 0.145 s stepping
+    (0.03, 0.95, False, False),  # far, 95% accepted: 4.52 tokens in 0.18 s beat 5.29 in 0.2425 s
+    (0.03, 0.3, True, False),  # a fixed k waits: the request asked for its blocks
+    (None, 0.3, False, False),  # nothing waited for yet: nothing to weigh
+])
+def test_a_far_draft_is_asked_during_a_plain_step_when_waiting_for_it_costs_more(wait_s, acceptance, fixed, steps):
+    """Plain steps of 0.1 s, rounds of 4 of 0.18 s (the draft's wait included): the speedup model's rate of waiting
+    for the block against decoding a plain step meanwhile and verifying the block after it (SpeculationPolicy
+    .step_while_drafting)."""
+    cost = cost_of(0.1, 0.02, acceptance=acceptance)
+    if wait_s is not None:
+        cost.observe_wait(wait_s)
+    policy = SpeculationPolicy(4, 8, 4 if fixed else None, cost=cost)
+    assert policy.step_while_drafting(4) is steps
+
+
+def test_a_prefetched_block_whose_first_token_was_wrong_ends_a_retry_and_is_not_counted_as_rejected():
+    """The plain step judged the block's first token for free: a retry it failed is over, but the acceptance the
+    verified blocks give is kept as it is (the step is a filter, not a drafted round)."""
+    policy = SpeculationPolicy(4, 8, cost=cost_of(0.1, 0.02, acceptance=0.3))
+    policy.probing = True
+    policy.observe_first_token(False)
+    assert not policy.probing and policy.acceptance.judged == 0.0
+    policy.probing = True
+    policy.observe_first_token(True)
+    assert policy.probing  # the retry goes on: its block is verified next

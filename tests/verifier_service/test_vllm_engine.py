@@ -81,6 +81,34 @@ def test_greedy_output_equals_plain_vllm_and_counts_add_up(stack, reference, k):
         "every drafted round's wait for its block is observed"
 
 
+@pytest.fixture(scope="module")
+def stepped_stack(vllm_pair, tmp_path_factory):
+    """The stack on the vLLM engine with --far-draft step: a row with no block at hand decodes plainly while the
+    draft drafts, and verifies the block after that token on the next engine step."""
+    need_vllm()
+    target, draft = vllm_pair
+    env = {"VLLM_CACHE_ROOT": str(tmp_path_factory.mktemp("vllm-cache"))}
+    with running_stack(target, draft, method="model",
+                       verifier_args=["--engine", "vllm", "--draft-timeout-ms", "10000", "--far-draft", "step"],
+                       verifier_python=VLLM_PYTHON, env=env, timeout_s=240,
+                       log_dir=tmp_path_factory.mktemp("logs")) as services:
+        with grpc.insecure_channel(services["gateway"].address) as channel:
+            yield gateway_pb2_grpc.GatewayStub(channel)
+
+
+def test_greedy_output_with_stepped_rounds_equals_plain_vllm(stepped_stack, reference):
+    mismatches, stepped, used = [], 0, 0
+    for prompt in PROMPTS:
+        response = generate(stepped_stack, prompt, max_tokens=MAX_TOKENS, temperature=0.0, num_speculative_tokens=4)
+        stepped += response.speculation.num_stepped_rounds
+        used += response.speculation.num_prefetched_used
+        if list(response.token_ids) != reference[prompt]:
+            mismatches.append((prompt, list(response.token_ids), reference[prompt]))
+    assert not mismatches, f"{len(mismatches)}/{len(PROMPTS)} prompts differ, first: {mismatches[0]}"
+    print(f"figure: vLLM --far-draft step: {stepped} stepped rows, {used} blocks verified after the step they guessed")
+    assert stepped > 0 and used > 0, "the stepped path was not exercised through the engine step"
+
+
 def test_sampling_follows_the_target_distribution(stack, vllm_pair, vllm_tokenizer):
     """T=1.0: the second token (drafted, then accepted or resampled by vLLM's rejection sampler) ~ p."""
     _services, gateway = stack
