@@ -10,8 +10,10 @@ pipelined (the default). The bench calls the verifiers' Decode directly (greedy,
 the workloads' chat-formatted prompts, in the same order) at each round-trip delay:
 
     off        speculation off (k = 0), on the serial verifier
-    serial     the adaptive policy; every round waits for its block: draft + round trip
-    pipelined  the adaptive policy; a round whose outcome the draft guessed finds its block already there
+    serial     the adaptive policy, no drafting ahead: a round waits for its block (draft + round trip), or, for a
+               far draft, decodes a plain step meanwhile (--far-draft auto, the default: "stepped")
+    pipelined  the same, and a round whose outcome the draft guessed finds its block already there
+    waited     (--compare-wait) pipelined with --far-draft wait: every round without a block waits for it
 
 Per (delay, workload, mode): tokens/s (completion tokens over request wall time, summed over prompts and
 --repeats; the modes take turns on each prompt (on each batch with --concurrency > 1), so a slow spell of
@@ -19,7 +21,8 @@ the machine falls on all of them), speedup against off, the paired speedup (the 
 a mode's tokens/s over off's in the same turn on the same verifier process, with a bootstrap 90% interval:
 the machine's drift between turns, up to 2x on a shared host, taken out; off runs on both verifiers, and
 the row `off@pipelined` is the two processes' own difference), mean round time (wall time / rounds), hit rate (rounds served by a
-block drafted ahead / rounds with a draft block), acceptance, and rounds that fell back to plain decoding.
+block drafted ahead / rounds with a draft block), the no-wait rate (those and the blocks asked during a plain
+step, over rounds with a draft block), stepped rounds, acceptance, and rounds that fell back to plain decoding.
 Off never reaches the draft, so the round trip cannot change it: its runs at every delay are one
 measurement, pooled per workload and verifier process, and every pooled speedup of a workload is against
 that baseline on the mode's own process (each delay's own off row is kept beside it, to show the
@@ -134,9 +137,9 @@ def prompts(args, tokenizer) -> dict[str, list[tuple[list[int], int]]]:
     return out
 
 
-def decode(address: str, ids: list[int], max_tokens: int, k: int | None) -> dict:
+def decode(address: str, ids: list[int], max_tokens: int, k: int | None, tenant: str = "") -> dict:
     request = verifier_pb2.DecodeRequest(request_id="bench", prompt_token_ids=ids, max_tokens=max_tokens,
-                                         sampling=common_pb2.SamplingParams())
+                                         sampling=common_pb2.SamplingParams(), tenant=tenant)
     if k is not None:
         request.num_speculative_tokens = k
     with grpc.insecure_channel(address) as channel:
@@ -160,13 +163,14 @@ def fallback_reasons(verifier) -> collections.Counter:
                                 if name == "specdec_fallback_rounds_total"})
 
 
-def run_mode(verifier, batch: list[tuple[list[int], int]], k: int | None, concurrency: int) -> dict:
+def run_mode(verifier, batch: list[tuple[list[int], int]], k: int | None, concurrency: int, tenant: str = "") -> dict:
     """All prompts of a workload through one verifier; summed counts, the wall time of the whole batch, and
-    the plain rounds by reason."""
+    the plain rounds by reason. tenant: whose outputs a suffix draft learns from (each mode its own, so that no
+    mode drafts from another's output of the same prompt)."""
     before = fallback_reasons(verifier)
     started = time.perf_counter()
     with concurrent.futures.ThreadPoolExecutor(concurrency) as pool:
-        results = list(pool.map(lambda item: decode(verifier.address, item[0], item[1], k), batch))
+        results = list(pool.map(lambda item: decode(verifier.address, item[0], item[1], k, tenant), batch))
     wall = time.perf_counter() - started
     total = {key: sum(r[key] for r in results) for key in results[0]}
     total["wall"] = wall
@@ -205,7 +209,7 @@ def row(delay: float, workload: str, mode: str, measured: dict, off: dict, concu
 def run_as(mode: str, verifiers: dict, batch, concurrency: int) -> dict:
     """One run of RUNS (or WAIT_RUNS): its verifier, at its k."""
     verifier, k = {**RUNS, **WAIT_RUNS}[mode]
-    return run_mode(verifiers[verifier], batch, k, concurrency)
+    return run_mode(verifiers[verifier], batch, k, concurrency, tenant=mode)
 
 
 def turns(batch: list[tuple[list[int], int]], concurrency: int) -> list[list[tuple[list[int], int]]]:

@@ -55,10 +55,10 @@ verifies k draft tokens (forward pass, draft wait, transport), k = 0 being a pla
   operators who want one), and back on when load drops;
 - a far draft (its answer takes over FAR_DRAFT_WAIT of a plain step: another host, a slow model) is not
   always waited for (`step_while_drafting`): a round may ask for its block and decode a plain step
-  meanwhile, and the next round verifies the block after the step's token if the draft guessed it. The
-  plain step also judges the block's first token for free (`observe_first_token`). Replayed
-  (`bench.policy_sim`-style, the AVX2 EPYC curve, a 20 ms round trip on its 130 ms step), this took the
-  pairs more than 3% below off from 7 to 4 of 18 and the geometric mean over them from 1.115x to 1.148x.
+  meanwhile, and the next round verifies the block after the step's token if the draft guessed it; a retry
+  whose first token the step showed wrong is over (`observe_first_token`). Replayed (`bench.policy_sim
+  --rho 0.15` on the AVX2 EPYC curve, a 20 ms round trip on its 130 ms step), this took the workload x
+  proposer pairs more than 3% below off from 7 to 2 of 18 and their geometric mean from 1.115x to 1.153x.
 Every choice is lossless: k only changes how fast tokens arrive. `python -m bench.policy_sim`
 replays the policy over the target's known greedy outputs of the shipped workloads, against
 every fixed k, in seconds.
