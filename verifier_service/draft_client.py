@@ -223,10 +223,7 @@ class DraftSession:
             response, ahead = await asyncio.wait_for(
                 stream.next_block(self.synced, tokens[self.synced:], k), self.link.timeout_s)
         except STREAM_ERRORS as exc:
-            if self.stream is not stream:  # the sequence ended (and closed its stream) during the round
-                return DraftBlock.empty(), "closed"
-            self.link.failed(exc)
-            return self._give_up(f"draft round failed: {exc!r}")
+            return DraftBlock.empty(), self._round_failed(stream, exc)
         self.synced = len(tokens)
         if response.answered_ahead:  # the draft answered with a block sent ahead, which was discarded here
             return DraftBlock.empty(), "ahead_discarded"
@@ -258,10 +255,7 @@ class DraftSession:
         try:
             round_ = await asyncio.wait_for(stream.send(self.synced, tokens[self.synced:], k), self.link.timeout_s)
         except STREAM_ERRORS as exc:
-            if self.stream is not stream:
-                return "closed"
-            self.link.failed(exc)
-            return self._give_up(f"draft round failed: {exc!r}")[1]
+            return self._round_failed(stream, exc)
         self.synced = len(tokens)
         self.prefetched = (round_, len(tokens), k)
         return ""
@@ -279,9 +273,7 @@ class DraftSession:
         try:
             response = await asyncio.wait_for(stream.answer(round_), self.link.timeout_s)
         except STREAM_ERRORS as exc:
-            if self.stream is stream:
-                self.link.failed(exc)
-                self._give_up(f"draft round failed: {exc!r}")
+            self._round_failed(stream, exc)
             return None, None
         proposed, decoded = list(response.token_ids), tokens[base:]
         if not decoded or not proposed:
@@ -304,6 +296,14 @@ class DraftSession:
         self.ahead.prefetch("used")
         self.link.backoff.succeeded()
         return block, True
+
+    def _round_failed(self, stream: ProposeStream, exc: BaseException) -> str:
+        """A call on `stream` raised: "closed" if the sequence ended (and closed its stream) meanwhile; else back
+        off and end the stream ("failed"), so the next round opens a new one."""
+        if self.stream is not stream:
+            return "closed"
+        self.link.failed(exc)
+        return self._give_up(f"draft round failed: {exc!r}")[1]
 
     def _give_up(self, why: str) -> tuple[DraftBlock, str]:
         """End this stream; the next round opens a new one (after the link's back-off, if any)."""

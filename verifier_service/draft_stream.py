@@ -99,6 +99,19 @@ class ProposeStream:
             self.inbox.remove(message)
             self._drop(message, "other_round")
 
+    async def _next_arrival(self) -> None:
+        """Until the reader takes another message off the stream; raises what ended the stream, if it has ended."""
+        if self.ended is not None:
+            raise self.ended
+        self.arrived.clear()
+        await self.arrived.wait()
+
+    @staticmethod
+    def _assumes(message: draft_pb2.ProposeResponse, round_: int, keep_length: int, append_token_ids: list[int]) -> bool:
+        """Whether `message` is a block drafted ahead for `round_` on exactly this sync."""
+        return (message.HasField("ahead") and message.round == round_ and message.ahead.keep_length == keep_length
+                and list(message.ahead.append_token_ids) == append_token_ids)
+
     async def send(self, keep_length: int, append_token_ids: list[int], k: int) -> int:
         """Sync the draft and ask for up to k tokens, without waiting for the answer; the round asked."""
         self.round += 1
@@ -114,16 +127,11 @@ class ProposeStream:
                     self.inbox.remove(message)
                     self.answered = max(self.answered, round_)
                     return message
-            if self.ended is not None:
-                raise self.ended
-            self.arrived.clear()
-            await self.arrived.wait()
+            await self._next_arrival()
 
     def ahead_ready(self, keep_length: int, append_token_ids: list[int]) -> bool:
         """Whether a block drafted ahead for the next round, assuming exactly this sync, has arrived."""
-        return any(message.HasField("ahead") and message.round == self.round + 1
-                   and message.ahead.keep_length == keep_length
-                   and list(message.ahead.append_token_ids) == append_token_ids for message in self.inbox)
+        return any(self._assumes(message, self.round + 1, keep_length, append_token_ids) for message in self.inbox)
 
     async def next_block(self, keep_length: int, append_token_ids: list[int],
                          k: int) -> tuple[draft_pb2.ProposeResponse, bool]:
@@ -140,16 +148,12 @@ class ProposeStream:
                     continue  # an answer to an earlier round (the confirmation of an ahead block used)
                 if message.round != self.round:
                     self.counts.discard("other_round")
-                elif message.ahead.keep_length != keep_length or \
-                        list(message.ahead.append_token_ids) != append_token_ids:
+                elif not self._assumes(message, self.round, keep_length, append_token_ids):
                     self.counts.discard("missed")
                 else:  # the caller counts it used once its tokens check out (AheadCounts.use)
                     self.answered = self.round
                     return message, True
-            if self.ended is not None:
-                raise self.ended
-            self.arrived.clear()
-            await self.arrived.wait()
+            await self._next_arrival()
 
     async def finish(self, keep_length: int, append_token_ids: list[int], timeout_s: float = 5.0) -> None:
         """The last sync (the whole sequence, no block), then half-close and read the stream to its end."""

@@ -389,9 +389,11 @@ class SpeculationPolicy:
         that."""
         if self.far_draft != "auto":
             return self.far_draft == "step" and k > 0
-        times = self.cost.times(self.max_k)
         wait = self.cost.wait.value
-        if self.fixed or k <= 0 or times is None or wait is None or wait < FAR_DRAFT_WAIT * times[0]:
+        if self.fixed or k <= 0 or wait is None:
+            return False
+        times = self.cost.times(self.max_k)
+        if times is None or wait < FAR_DRAFT_WAIT * times[0]:
             return False
         k = min(k, self.max_k)
         alpha = min(self.alpha(), 0.999)
