@@ -204,11 +204,12 @@ def test_tiny_run_with_suffix_writes_latest_json_md_png(tiny_pair, tmp_path):
     # fixed k: on the tiny model the adaptive policy may turn speculation off.)
     suffix = next(r for r in latest["rows"] if r["workload"] == "extraction" and r["method"] == "suffix_k4")
     assert suffix["acceptance_rate"] > 0.3 and suffix["tokens_identical_to_off"] == 1.0
-    # the model predicts more for accepted drafts than for the chat prompts' (the same k, the same verify cost;
-    # above 1 or not depends on this machine's measured verify cost: 0.999 on one CI machine)
+    # More of its drafts are accepted than of the chat prompts'. (Not the predicted speedups: they also price the
+    # block lengths on this run's verify-cost curve, which on the tiny model is noise-sized and not monotone; one
+    # CI run measured t(4)/t(1) = 1.21 and t(5)/t(1) = 1.14 and predicted 0.93x for extraction, 0.99x for chat.)
     chat = next(r for r in latest["rows"] if r["workload"] == "chat" and r["method"] == "suffix_k4")
     assert suffix["acceptance_rate"] > chat["acceptance_rate"]
-    assert suffix["predicted_speedup"] > chat["predicted_speedup"]
+    assert suffix["mean_accepted_length"] > chat["mean_accepted_length"]
     assert [p["position"] for p in latest["warmup"]["curves"]["extraction"]["suffix"]] == [0, 1, 2, 3, 4]
     comparison = {c["workload"]: c for c in latest["comparison"]}
     assert comparison["extraction"]["repetitive"] and comparison["extraction"]["suffix_vs_ngram_after"] > 0
