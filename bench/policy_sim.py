@@ -93,16 +93,18 @@ def simulate(runs: list[tuple[list[int], list[int]]], drafts: replay.Drafts, cur
                 steps = round_cost(len(block), curve) * jitter  # the block was here: no wait
                 policy.observe(len(block), matched, steps)
             elif k and policy.step_while_drafting(k):
-                prefetched = (pos, list(sequence.propose(k + 1).token_ids))
+                answer = sequence.propose(k + 1)
+                prefetched = (pos, answer.cut(policy.cut_chain(len(answer.token_ids), answer.num_chained)).token_ids)
                 block, matched, emitted = [], 0, rest[:1]
                 sequence.update(committed, emitted)  # the plain step's token; the next sync rolls the answer back
                 steps = round_cost(0, curve) * jitter
                 policy.observe(0, 0, steps)
             else:
-                block, matched, emitted = replay.greedy_round(sequence, committed, rest, k)
+                drafted, matched, emitted = replay.greedy_round(sequence, committed, rest, k, policy.cut_chain)
+                block = drafted.token_ids
                 # A round pays the draft and the transport when it asked the draft, whatever came back.
                 steps = round_cost(len(block), curve, c, rho if k else 0.0) * jitter
-                policy.observe(len(block), matched, steps, asked_k=k)
+                policy.observe(len(block), matched, steps, asked_k=k, num_chained=drafted.num_chained)
                 if k:
                     cost.observe_wait((c * len(block) + rho) * jitter)
             result.steps += steps

@@ -120,12 +120,16 @@ def accept_greedy(block: list[int], target: list[int]) -> int:
     return n
 
 
-def greedy_round(sequence: DraftSequence, committed: int, rest: list[int], k: int) -> tuple[list[int], int, list[int]]:
-    """One round over a known greedy continuation: the draft's block for k (none for k = 0), how many of its tokens
-    the target accepts, and what the round emits (those and the target's own token, from `rest`, the continuation
-    after the `committed` tokens); the draft's sequence is brought to what was emitted."""
-    block = sequence.propose(k).token_ids if k > 0 else []
-    matched = accept_greedy(block, rest)
+def greedy_round(sequence: DraftSequence, committed: int, rest: list[int], k: int,
+                 cut: Callable[[int, int], int] = lambda num_tokens, num_chained: num_tokens - num_chained,
+                 ) -> tuple[DraftBlock, int, list[int]]:
+    """One round over a known greedy continuation: the draft's block for k (none for k = 0), cut to `cut(tokens,
+    chained)` tokens (`SpeculationPolicy.cut_chain`; by default, as at a fixed k, without chained tokens), how many
+    of its tokens the target accepts, and what the round emits (those and the target's own token, from `rest`, the
+    continuation after the `committed` tokens); the draft's sequence is brought to what was emitted."""
+    block = sequence.propose(k) if k > 0 else DraftBlock.empty()
+    block = block.cut(cut(len(block.token_ids), block.num_chained))
+    matched = accept_greedy(block.token_ids, rest)
     emitted = rest[:matched + 1]
     sequence.update(committed + matched, emitted[matched:])
     return block, matched, emitted
@@ -144,7 +148,7 @@ def replay(runs: list[tuple[list[int], list[int]]], k: int, open_sequence: OpenS
             block, matched, emitted = greedy_round(sequence, len(prompt_ids) + pos, continuation[pos:],
                                                    min(k, end - pos - 1))
             stats.draft_s += time.perf_counter() - started  # propose and update (and the microseconds of matching)
-            stats.rounds_by_block[len(block)] += 1
+            stats.rounds_by_block[len(block.token_ids)] += 1
             stats.accepted += matched
             stats.tokens += len(emitted)
             pos += len(emitted)
@@ -169,7 +173,8 @@ def speculative_greedy(model, prompt_ids: list[int], max_new_tokens: int, k: int
         pending = prompt_ids[-1]
         while not done:
             room = min(k, max_new_tokens - len(generated) - 1)
-            block = sequence.propose(room).token_ids if sequence is not None and room > 0 else []
+            draft = sequence.propose(room) if sequence is not None and room > 0 else DraftBlock.empty()
+            block = draft.token_ids[:len(draft.token_ids) - draft.num_chained]  # at a fixed k, none chained
             committed = len(prompt_ids) + len(generated)  # the cache holds committed - 1 tokens (not `pending`)
             logits = model(input_ids=torch.tensor([[pending, *block]]), past_key_values=cache,
                            use_cache=True).logits[0]  # [len(block) + 1, vocab]

@@ -176,12 +176,11 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
     @staticmethod
     def _response(proposal: DraftBlock, k: int, round_: int, sequence_length: int) -> draft_pb2.ProposeResponse:
         """The first k proposed tokens (and their q) as a message."""
-        tokens = proposal.token_ids[:k]
-        metrics.DRAFT_TOKENS_PROPOSED.inc(len(tokens))
-        probs = b"" if proposal.probs is None else \
-            proposal.probs[:k].numpy().astype("<f4", copy=False).tobytes()
-        return draft_pb2.ProposeResponse(token_ids=tokens, probs=probs, sequence_length=sequence_length,
-                                         round=round_)
+        proposal = proposal.cut(k)
+        metrics.DRAFT_TOKENS_PROPOSED.inc(len(proposal.token_ids))
+        probs = b"" if proposal.probs is None else proposal.probs.numpy().astype("<f4", copy=False).tobytes()
+        return draft_pb2.ProposeResponse(token_ids=proposal.token_ids, probs=probs, sequence_length=sequence_length,
+                                         round=round_, num_chained=proposal.num_chained)
 
     @staticmethod
     def _step(sequence: DraftSequence, keep_length: int, append: list[int], n: int) -> DraftBlock:

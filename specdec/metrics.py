@@ -87,6 +87,10 @@ SUFFIX_EVICTIONS = Counter(
     ["reason"],
 )
 SUFFIX_PROPOSALS = Counter("specdec_draft_suffix_proposals", "Suffix proposals asked for (k > 0)")
+SUFFIX_CHAINED_TOKENS = Counter(
+    "specdec_draft_suffix_chained_tokens",
+    "Suffix draft tokens chained past a proposal's match (--suffix-chain); the verifier verifies them while they pay",
+)
 SUFFIX_PROPOSALS_MATCHED = Counter(
     "specdec_draft_suffix_proposals_matched",
     "Suffix proposals that drafted at least one token, by the tree that won (request or cache)",

@@ -323,15 +323,19 @@ class DraftSession:
         vocab = self.link.target_info.vocab_size
         if (len(tokens) > k and not ahead) or any(t < 0 or t >= vocab for t in tokens):
             raise DraftUnavailable(f"the draft sent an invalid block {tokens[:8]} for k={k}")
+        if response.num_chained > len(tokens):
+            raise DraftUnavailable(f"the draft said {response.num_chained} of its {len(tokens)} tokens were chained")
+        # the chained tokens are the last: those of them in tokens[offset:offset + k]
+        chained = max(0, min(len(tokens), offset + k) - max(offset, len(tokens) - response.num_chained))
         if not response.probs:
-            return DraftBlock(tokens[offset:offset + k], None, ahead)
+            return DraftBlock(tokens[offset:offset + k], None, ahead, chained)
         probs = np.frombuffer(response.probs, dtype="<f4")
         if probs.size % max(len(tokens), 1) or not tokens:
             raise DraftUnavailable("the draft sent probabilities that do not match its tokens")
         q = torch.from_numpy(probs.reshape(len(tokens), -1)[offset:offset + k].copy())  # [k', V_draft]
         if q.shape[1] < vocab:  # a draft with a narrower output layer: pad q with zeros
             q = torch.nn.functional.pad(q, (0, vocab - q.shape[1]))
-        return DraftBlock(tokens[offset:offset + k], q[:, :vocab], ahead)
+        return DraftBlock(tokens[offset:offset + k], q[:, :vocab], ahead, chained)
 
     def cancel(self) -> None:
         self.prefetched = None

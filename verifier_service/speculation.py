@@ -117,6 +117,7 @@ class RequestSpeculation:
         self.block_came_ahead = False  # the last proposed block was drafted ahead, or asked during the last step
         self.block_prefetched = False  # the last proposed block was asked during the last (plain) step
         self.asked_k = 0  # the k the draft was last asked for (0: not asked)
+        self.block = DraftBlock.empty()  # the last block proposed, as cut for verification
 
     def block_size(self, remaining_tokens: int, remaining_context: int, batch: Batch | None = None) -> int:
         """k for the next round (0: a plain step); `batch`: the rest of the engine step the block would join."""
@@ -133,20 +134,33 @@ class RequestSpeculation:
         decode a plain step ("stepped"); else ask and wait, as always."""
         self.block_came_ahead = self.block_prefetched = False
         self.asked_k = 0
+        self.block = DraftBlock.empty()
         if self.draft is None or k == 0:
-            return DraftBlock.empty(), self.policy.off_reason if self.draft is not None else ""
+            return self.block, self.policy.off_reason if self.draft is not None else ""
         block, first_token_accepted = await self.draft.at_hand(tokens, k)
         if first_token_accepted is not None:
             self.policy.observe_first_token(first_token_accepted)
         if block is not None:
             self.block_came_ahead = self.block_prefetched = True
-            return block, ""
+            return self._verified(block), ""
         if self.policy.step_while_drafting(k) and not self.draft.ahead_ready(tokens):
-            return DraftBlock.empty(), await self.draft.prefetch(tokens, k) or "stepped"
+            return self.block, await self.draft.prefetch(tokens, k) or "stepped"
         self.asked_k = k
         block, reason = await self.draft.propose(tokens, k)
         self.block_came_ahead = block.ahead
-        return block, reason
+        return self._verified(block), reason
+
+    def _verified(self, block: DraftBlock) -> DraftBlock:
+        """The block as it will be verified: tokens the draft chained past its match only as far as the policy
+        finds they pay (`SpeculationPolicy.cut_chain`)."""
+        self.block = block.cut(self.policy.cut_chain(len(block.token_ids), block.num_chained))
+        return self.block
+
+    def _chained_verified(self, num_draft_tokens: int) -> int:
+        """Of the round's num_draft_tokens verified tokens, those the draft chained (an engine may verify fewer
+        tokens than proposed; it drops the last, which are the chained ones)."""
+        block = self.block
+        return max(0, block.num_chained - (len(block.token_ids) - num_draft_tokens))
 
     def record(self, round_: Round) -> None:
         """The one place a verified round is counted: statistics, metrics, fallback, policy, trace."""
@@ -168,7 +182,8 @@ class RequestSpeculation:
         if not round_.num_draft_tokens and round_.fallback in DRAFT_GAVE_NOTHING and asked_k:
             self.policy.observe(asked_k, 0, seconds)  # drafting's price, not a plain step's
         else:
-            self.policy.observe(round_.num_draft_tokens, round_.num_accepted, seconds, asked_k=asked_k)
+            self.policy.observe(round_.num_draft_tokens, round_.num_accepted, seconds, asked_k=asked_k,
+                                num_chained=self._chained_verified(round_.num_draft_tokens))
         if round_.forward_s is not None:
             metrics.VERIFY_FORWARD_TIME.observe(round_.forward_s)
         if round_.draft_wait_s is not None:
@@ -185,6 +200,9 @@ class RequestSpeculation:
             event["ahead"] = self.block_came_ahead  # drafted ahead (no round trip) or on request
             if self.block_prefetched:
                 event["prefetched"] = True  # asked during the plain step before: no wait either
+            chained = self._chained_verified(round_.num_draft_tokens)
+            if chained:
+                event["chained"] = chained  # the block's last tokens, chained past the draft's match
         if round_.fallback:
             event["fallback"] = round_.fallback
         self.span.add_event("round", event)

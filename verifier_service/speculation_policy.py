@@ -26,6 +26,11 @@ verifies k draft tokens (forward pass, draft wait, transport), k = 0 being a pla
   returns fewer tokens, or none, where a match is weak) is asked for the longest block whenever
   drafting pays: the draft knows better than the policy where its proposal turns uncertain. An
   empty block is a plain step, not rejected tokens;
+- such a draft may chain past its match (`--suffix-chain`: it matches again on the context plus
+  its draft) and say so (`DraftBlock.num_chained`, the block's last tokens). Chained tokens are
+  judged apart, with a server-wide acceptance of their own counted only where the tokens before
+  them were all accepted, and verified only as far as they pay (`cut_chain`: the n, from the
+  matched tokens to all, with the most expected tokens per second on the measured round times);
 - k* = 0 turns speculation off ("not_paying"), but only if it is still 0 with the acceptance half a
   standard error higher (EXPLORE_Z): an estimate from a few judged tokens just under break-even
   drafts on and learns, where turning off would stop the evidence. Replayed over the shipped
@@ -133,15 +138,22 @@ class RoundCost:
     def __init__(self):
         self.seconds: dict[int, Ewma] = {}  # by verified draft tokens
         self.acceptance = {True: Acceptance(SERVER_DECAY), False: Acceptance(SERVER_DECAY)}  # by greedy
+        self.chained = {True: Acceptance(SERVER_DECAY), False: Acceptance(SERVER_DECAY)}  # chained tokens, by greedy
         self.plain_since_drafted = 0  # plain rounds server-wide since the last drafted one
         self.wait = Ewma()  # what a round that asked the draft waited for its answer (round trip + drafting)
 
-    def observe(self, num_draft_tokens: int, num_accepted: int, round_s: float, greedy: bool = True) -> None:
+    def observe(self, num_draft_tokens: int, num_accepted: int, round_s: float, greedy: bool = True,
+                num_chained: int = 0) -> None:
+        """num_chained: the block's last tokens that the draft chained past its match (`chain_limit`); they are
+        timed with the block but judged apart, and only when the tokens before them were all accepted."""
         self.plain_since_drafted = 0 if num_draft_tokens else self.plain_since_drafted + 1
         if round_s > 0:
             self.seconds.setdefault(num_draft_tokens, Ewma()).add(round_s)
-        if num_draft_tokens:
-            self.acceptance[greedy].add(num_draft_tokens, num_accepted)
+        matched = num_draft_tokens - num_chained
+        if matched:
+            self.acceptance[greedy].add(matched, min(num_accepted, matched))
+        if num_chained and num_accepted >= matched:
+            self.chained[greedy].add(num_chained, num_accepted - matched)
 
     def observe_wait(self, wait_s: float) -> None:
         self.wait.add(wait_s)
@@ -312,6 +324,7 @@ class SpeculationPolicy:
         self.next_cooldown = COOLDOWN_ROUNDS
         self.probing = False
         self.off_reason = ""
+        self.chain_times: list[float] | None = None  # round times to weigh chained tokens on (None: verify none)
 
     def alpha(self) -> float:
         """This request's acceptance, with the server-wide one as a prior."""
@@ -343,6 +356,7 @@ class SpeculationPolicy:
                    batch: Batch | None = None) -> int:
         """k for the next round; 0 decodes without speculation."""
         self.off_reason = ""
+        self.chain_times = None
         k = self.k
         if not self.fixed:
             if self.max_concurrency and live_sequences > self.max_concurrency:
@@ -369,6 +383,7 @@ class SpeculationPolicy:
                 k = k if self.probing else step_k
             if k and self.draft_sizes_blocks and not self.probing:
                 k = self.max_k
+                self.chain_times = optimistic
             if k == 0:
                 if hopeless:
                     self.next_cooldown = MAX_COOLDOWN_ROUNDS
@@ -411,15 +426,43 @@ class SpeculationPolicy:
         if not accepted:
             self.probing = False
 
-    def observe(self, num_draft_tokens: int, num_accepted: int, round_s: float, asked_k: int = 0) -> None:
+    def cut_chain(self, num_tokens: int, num_chained: int) -> int:
+        """How many of a block's num_tokens to verify, its last num_chained chained past the draft's match: the n
+        from the matched ones up to all that emits the most expected tokens per second, where the matched tokens
+        are accepted with alpha each and a chained one, reached only past them all, with the server-wide
+        acceptance of chained tokens (`RoundCost.observe`). Only in a round whose k the policy chose for a draft
+        that sizes its blocks (not at a fixed k, not in a retry): else the matched ones."""
+        matched, times = num_tokens - num_chained, self.chain_times
+        if not num_chained or not matched or times is None:
+            return matched
+        alpha = min(self.alpha(), 0.999)
+        alpha_chained = min(self.cost.chained[self.greedy].value(), 0.999)
+        longest = min(num_tokens, len(times) - 1)
+        if matched >= longest:
+            return matched
+        tokens = expected_tokens(alpha, matched)
+        reach = alpha ** matched  # the chance that every matched token is accepted
+        best, best_rate = matched, tokens / times[matched]
+        for n in range(matched + 1, longest + 1):
+            reach *= alpha_chained
+            tokens += reach
+            if tokens / times[n] > best_rate:
+                best, best_rate = n, tokens / times[n]
+        return best
+
+    def observe(self, num_draft_tokens: int, num_accepted: int, round_s: float, asked_k: int = 0,
+                num_chained: int = 0) -> None:
         """Learn from a verified round: its draft size, accepted count and wall time. asked_k: the block the draft
-        was asked for (0: none); a retry that came back empty is over, and has not paid."""
-        self.cost.observe(num_draft_tokens, num_accepted, round_s, self.greedy)
+        was asked for (0: none); a retry that came back empty is over, and has not paid. num_chained: the block's
+        last tokens the draft chained past its match (judged apart: `RoundCost.observe`)."""
+        self.cost.observe(num_draft_tokens, num_accepted, round_s, self.greedy, num_chained)
         if not num_draft_tokens:
             if asked_k:
                 self.probing = False
             return
-        self.acceptance.add(num_draft_tokens, num_accepted)
+        matched = num_draft_tokens - num_chained
+        if matched:
+            self.acceptance.add(matched, min(num_accepted, matched))
         if self.probing:
             self.probing = False
             if num_accepted and self.cost.beat_plain(num_accepted, round_s):

@@ -46,20 +46,22 @@ class NextBlock(_message.Message):
     def __init__(self, keep_length: _Optional[int] = ..., append_token_ids: _Optional[_Iterable[int]] = ..., num_tokens: _Optional[int] = ..., round: _Optional[int] = ...) -> None: ...
 
 class ProposeResponse(_message.Message):
-    __slots__ = ("token_ids", "probs", "sequence_length", "round", "ahead", "answered_ahead")
+    __slots__ = ("token_ids", "probs", "sequence_length", "round", "ahead", "answered_ahead", "num_chained")
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     PROBS_FIELD_NUMBER: _ClassVar[int]
     SEQUENCE_LENGTH_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
     AHEAD_FIELD_NUMBER: _ClassVar[int]
     ANSWERED_AHEAD_FIELD_NUMBER: _ClassVar[int]
+    NUM_CHAINED_FIELD_NUMBER: _ClassVar[int]
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     probs: bytes
     sequence_length: int
     round: int
     ahead: AheadAssumption
     answered_ahead: bool
-    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., probs: _Optional[bytes] = ..., sequence_length: _Optional[int] = ..., round: _Optional[int] = ..., ahead: _Optional[_Union[AheadAssumption, _Mapping]] = ..., answered_ahead: _Optional[bool] = ...) -> None: ...
+    num_chained: int
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., probs: _Optional[bytes] = ..., sequence_length: _Optional[int] = ..., round: _Optional[int] = ..., ahead: _Optional[_Union[AheadAssumption, _Mapping]] = ..., answered_ahead: _Optional[bool] = ..., num_chained: _Optional[int] = ...) -> None: ...
 
 class AheadAssumption(_message.Message):
     __slots__ = ("keep_length", "append_token_ids")

@@ -8,7 +8,8 @@ from specdec.sampling import SamplingParams
 
 
 def proposer(**overrides):
-    return SuffixProposer(SuffixConfig(**overrides))
+    """A suffix proposer; one match per proposal unless suffix_chain=True is given (chaining: the tests at the end)."""
+    return SuffixProposer(SuffixConfig(**{"suffix_chain": False, **overrides}))
 
 
 def start(suffix, prompt, tenant=""):
@@ -191,6 +192,43 @@ def test_proposal_metrics_count_matches():
     seq.propose(2)
     assert REGISTRY.get_sample_value("specdec_draft_suffix_proposals_total") == asked + 2
     assert REGISTRY.get_sample_value("specdec_draft_suffix_proposals_matched_total", {"source": "request"}) == matched + 1
+
+
+# --- chaining: where a match's draft stops short of k, match again on the context plus the draft ----------------
+
+def test_a_draft_cut_at_its_match_goes_on_from_the_longer_match_it_makes():
+    suffix = proposer(suffix_chain=True)
+    generate(suffix, [100], [50, 51, 80, 81, 53, 54, 55])
+    context = [1, 2, 3, 50, 51]  # the cache matches [50, 51]: two tokens, so it drafts two, [80, 81]
+    assert start(proposer(), context).propose(6).token_ids == []  # (a fresh cache knows nothing)
+    unchained = start(suffix, context)
+    unchained._config = SuffixConfig(suffix_chain=False)
+    assert unchained.propose(6).token_ids == [80, 81]
+    seq = start(suffix, context)
+    block = seq.propose(6)
+    # then [50, 51, 80, 81] matches four tokens and goes on
+    assert block.token_ids == [80, 81, 53, 54, 55] and block.num_chained == 3
+    assert seq.tokens == context + block.token_ids  # proposed: part of the sequence until an update rolls it back
+    assert seq.propose(0).num_chained == 0
+
+
+def test_a_chain_needs_a_match_of_two_tokens():
+    suffix = proposer(suffix_chain=True)
+    generate(suffix, [100], [50, 51, 80, 81])
+    block = start(suffix, [81, 5, 3, 50, 51]).propose(8)
+    # the cache drafts [80, 81] and ends there; of [.., 50, 51, 80, 81] only [81] goes on (to 5, in the prompt)
+    assert block.token_ids == [80, 81] and block.num_chained == 0
+
+
+@pytest.mark.parametrize("min_token_prob, num_chained", [(0.6, 0), (0.3, 2)])
+def test_a_chain_stops_where_its_running_probability_falls_below_the_floor(min_token_prob, num_chained):
+    suffix = proposer(suffix_chain=True, suffix_min_token_prob=min_token_prob)
+    generate(suffix, [100], [50, 51, 80, 81, 53, 54])
+    generate(suffix, [100], [50, 51, 80, 81, 63, 64])
+    block = start(suffix, [1, 2, 3, 50, 51]).propose(6)
+    # [80, 81] followed [50, 51] both times; what followed [50, 51, 80, 81] differed (1/2 each)
+    assert block.token_ids[:2] == [80, 81] and block.num_chained == num_chained
+    assert len(block.token_ids) == 2 + num_chained
 
 
 @pytest.mark.parametrize("field, value, flag", [

@@ -59,3 +59,27 @@ def test_a_stream_closed_during_its_round_is_not_a_draft_failure():
         await link.close()
 
     asyncio.run(scenario())
+
+
+def test_a_blocks_chained_tokens_are_its_last_and_survive_slicing():
+    """ProposeResponse.num_chained counts the block's last tokens; a prefetched or ahead block sliced from `offset`
+    for k keeps those of them in the slice. A count past the block is an invalid block (the round goes without)."""
+    import pytest
+
+    from specdec.v1 import draft_pb2
+    from verifier_service.draft_client import DraftUnavailable
+
+    async def scenario():
+        link = DraftLink("127.0.0.1:1", ServerConfig(), common_pb2.ModelInfo(vocab_size=100), timeout_s=0.2)
+        session = link.session("r", SamplingParams())
+        response = draft_pb2.ProposeResponse(token_ids=[1, 2, 3, 4, 5, 6], num_chained=4)  # [1, 2] matched
+        assert session._block(response, 6).num_chained == 4
+        assert session._block(response, 3, ahead=True).num_chained == 1  # [1, 2, 3]
+        assert session._block(response, 1, ahead=True).num_chained == 0  # [1]
+        sliced = session._block(response, 2, ahead=True, offset=3)  # [4, 5]
+        assert sliced.token_ids == [4, 5] and sliced.num_chained == 2
+        with pytest.raises(DraftUnavailable, match="7 of its 6 tokens were chained"):
+            session._block(draft_pb2.ProposeResponse(token_ids=[1, 2, 3, 4, 5, 6], num_chained=7), 6)
+        await link.close()
+
+    asyncio.run(asyncio.wait_for(scenario(), 30))

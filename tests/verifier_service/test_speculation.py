@@ -2,6 +2,8 @@
 
 import asyncio
 
+import pytest
+
 from specdec.config import ServerConfig
 from specdec.sampling import SamplingParams
 from specdec.v1 import common_pb2
@@ -69,3 +71,39 @@ def test_a_retry_the_draft_had_nothing_for_is_over():
             await link.close()
 
     asyncio.run(asyncio.wait_for(scenario(), 30))
+
+
+def test_a_chained_block_crosses_the_wire_and_is_cut_and_judged_as_the_policy_says():
+    """A real suffix draft chains past its match ([50, 51] drafts [80, 81], then [50, 51, 80, 81] goes on with
+    [53, 54, 55]). The verifier learns which tokens were chained (ProposeResponse.num_chained): where chained
+    tokens cost 0.35 of a step each and are rarely accepted it verifies only the matched two; on a curve where
+    they are nearly free it verifies all five, and the round judges the chained ones apart."""
+    from draft_service.suffix import SuffixConfig, SuffixProposer
+    from tests.draft_service.inprocess import draft_server
+    from tests.draft_service.test_suffix import generate
+    from tests.verifier_service.test_draft_link_limits import target
+    from tests.verifier_service.test_speculation_policy import FLAT, STEEP, seen, timed
+
+    suffix = SuffixProposer(SuffixConfig(suffix_scope="global"))
+    generate(suffix, [7], [50, 51, 80, 81, 53, 54, 55])
+
+    async def verified(curve):
+        async with draft_server(proposer=suffix) as (address, _servicer):
+            link = DraftLink(address, ServerConfig(), target(), timeout_s=5.0)
+            cost = timed(curve)
+            cost.acceptance[True], cost.chained[True] = seen(0.8), seen(0.25)
+            policy = SpeculationPolicy(4, 8, cost=cost, draft_sizes_blocks=True)
+            speculation = RequestSpeculation(policy, link.session("r", SamplingParams()))
+            k = speculation.block_size(1000, 1000)
+            block, reason = await speculation.propose([1, 2, 3, 50, 51], k)
+            assert reason == ""
+            speculation.record(Round(len(block.token_ids), len(block.token_ids), 0.1, draft_wait_s=0.001))
+            speculation.close(None)
+            await link.close()
+            return block, cost
+
+    block, _ = asyncio.run(asyncio.wait_for(verified(STEEP), 30))
+    assert block.token_ids == [80, 81] and block.num_chained == 0
+    block, cost = asyncio.run(asyncio.wait_for(verified(FLAT), 30))
+    assert block.token_ids == [80, 81, 53, 54, 55] and block.num_chained == 3
+    assert cost.chained[True].judged == pytest.approx(1000 * 0.99 + 3)  # 3 chained tokens judged, all accepted

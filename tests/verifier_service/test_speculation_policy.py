@@ -115,6 +115,53 @@ def test_a_draft_that_sizes_its_own_blocks_is_asked_for_the_longest_whenever_dra
     assert [losing.block_size(1000, 1000) for _ in range(COOLDOWN_ROUNDS + 2)] == [0] * (COOLDOWN_ROUNDS + 1) + [PROBE_K]
 
 
+def chaining_policy(seconds_by_k: dict[int, float], alpha: float, alpha_chained: float) -> SpeculationPolicy:
+    """A policy for a draft that sizes its blocks, on measured round times, after a block_size that drafts."""
+    cost = timed(seconds_by_k)
+    cost.acceptance[True] = seen(alpha)
+    cost.chained[True] = seen(alpha_chained)
+    policy = SpeculationPolicy(default_k=4, max_k=8, cost=cost, draft_sizes_blocks=True)
+    assert policy.block_size(1000, 1000) == 8
+    return policy
+
+
+FLAT = {0: 1.0, 1: 1.8, 2: 1.8, 3: 1.8, 4: 1.8, 5: 1.8, 6: 1.8, 7: 1.8, 8: 1.8}  # a forward over 9 costs one over 2
+STEEP = {k: 1.0 + 0.35 * k for k in range(9)}  # each token 0.35 of a step
+
+
+def test_chained_tokens_are_verified_where_they_are_nearly_free_and_cut_where_they_cost():
+    """A block of 2 matched tokens and 4 chained: on a curve where a longer block costs nothing more, even chained
+    tokens accepted 1 time in 4 add tokens for free; where each token costs 0.35 of a step, they do not."""
+    assert chaining_policy(FLAT, alpha=0.8, alpha_chained=0.25).cut_chain(6, 4) == 6
+    assert chaining_policy(STEEP, alpha=0.8, alpha_chained=0.25).cut_chain(6, 4) == 2
+    assert chaining_policy(STEEP, alpha=0.8, alpha_chained=0.95).cut_chain(6, 4) >= 5  # mostly accepted: they pay
+    assert chaining_policy(STEEP, alpha=0.8, alpha_chained=0.25).cut_chain(3, 0) == 3  # nothing chained: all
+
+
+def test_chained_tokens_are_not_verified_at_a_fixed_k_or_in_a_retry():
+    fixed = SpeculationPolicy(default_k=4, max_k=8, requested_k=6, cost=timed(FLAT), draft_sizes_blocks=True)
+    fixed.block_size(1000, 1000)
+    assert fixed.cut_chain(6, 4) == 2
+    retry = chaining_policy(FLAT, alpha=0.8, alpha_chained=0.9)
+    retry.probing = True
+    retry.block_size(1000, 1000)
+    assert retry.cut_chain(6, 4) == 2
+
+
+def test_chained_tokens_are_judged_apart_from_the_matched_ones():
+    """A block of 2 matched and 4 chained with 3 accepted: the matched part was accepted whole (2 of 2 judged), the
+    chained part 1 of 2 judged. Counting all 6 together would put this draft at 3 of 4."""
+    cost = RoundCost()
+    policy = SpeculationPolicy(default_k=4, max_k=8, cost=cost, draft_sizes_blocks=True)
+    policy.observe(6, 3, 0.1, asked_k=8, num_chained=4)
+    assert (policy.acceptance.accepted, policy.acceptance.judged) == (2, 2)
+    assert (cost.acceptance[True].accepted, cost.acceptance[True].judged) == (2, 2)
+    assert (cost.chained[True].accepted, cost.chained[True].judged) == (1, 2)
+    policy.observe(6, 1, 0.1, asked_k=8, num_chained=4)  # rejected within the match: the chain was not judged
+    assert (cost.chained[True].accepted, cost.chained[True].judged) == (1, 2)
+    assert cost.seconds[6].samples == 2  # timed as blocks of 6
+
+
 def test_round_times_follow_the_measured_curve_not_a_line_through_it():
     """This Xeon in fp32: forwards over 2, 3, 4, 5 tokens cost 1.09, 1.13, 1.64, 1.74 plain steps (a step between 3
     and 4 tokens). A line through those averages made k = 3 look 1.52 steps and chose it at acceptance 0.85, where
