@@ -30,6 +30,7 @@ import sys
 
 from bench import replay
 from bench.workloads import DEFAULT_WORKLOADS
+from specdec.draft_block import DraftBlock
 from specdec.speedup import VerifyCurve, round_cost
 
 DEFAULT_FIXED_K = (1, 2, 3, 4, 6, 8)
@@ -73,28 +74,28 @@ def simulate(runs: list[tuple[list[int], list[int]]], drafts: replay.Drafts, cur
                                    far_draft=far_draft)
         sequence = open_sequence(list(prompt_ids))
         pos, end = 0, len(continuation)
-        prefetched: tuple[int, list[int]] | None = None  # (position asked at, the draft's answer)
+        prefetched: tuple[int, DraftBlock] | None = None  # (position asked at, the draft's answer)
         while pos < end:
             k = policy.block_size(end - pos, 1 << 30)
             committed, rest = len(prompt_ids) + pos, continuation[pos:]
-            at_hand: list[int] = []
+            at_hand = DraftBlock.empty()
             if k and prefetched is not None:
                 (base, answer), prefetched = prefetched, None
-                decoded = continuation[base:pos]
-                if decoded and answer:
-                    policy.observe_first_token(answer[0] == decoded[0])
-                    if len(decoded) < len(answer) and answer[:len(decoded)] == decoded:
-                        at_hand = answer[len(decoded):len(decoded) + k]
+                decoded, drafted = continuation[base:pos], answer.token_ids
+                if decoded and drafted:
+                    policy.observe_first_token(drafted[0] == decoded[0])
+                    if len(decoded) < len(drafted) and drafted[:len(decoded)] == decoded:
+                        at_hand = answer.window(len(decoded), k)
+                        at_hand = at_hand.cut(policy.cut_chain(len(at_hand.token_ids), at_hand.num_chained))
             jitter = rng.lognormvariate(0.0, noise)
-            if at_hand:
-                block, matched = at_hand, replay.accept_greedy(at_hand, rest)
+            if at_hand.token_ids:
+                block, matched = at_hand.token_ids, replay.accept_greedy(at_hand.token_ids, rest)
                 emitted = rest[:matched + 1]
                 sequence.update(committed, emitted)
                 steps = round_cost(len(block), curve) * jitter  # the block was here: no wait
-                policy.observe(len(block), matched, steps)
+                policy.observe(len(block), matched, steps, num_chained=at_hand.num_chained)
             elif k and policy.step_while_drafting(k):
-                answer = sequence.propose(k + 1)
-                prefetched = (pos, answer.cut(policy.cut_chain(len(answer.token_ids), answer.num_chained)).token_ids)
+                prefetched = (pos, sequence.propose(k + 1))
                 block, matched, emitted = [], 0, rest[:1]
                 sequence.update(committed, emitted)  # the plain step's token; the next sync rolls the answer back
                 steps = round_cost(0, curve) * jitter

@@ -24,7 +24,13 @@ class DraftBlock:
 
     def cut(self, n: int) -> DraftBlock:
         """The first n tokens (and their q); chained tokens are the last, so they go first."""
-        if n >= len(self.token_ids):
+        return self.window(0, n)
+
+    def window(self, offset: int, n: int) -> DraftBlock:
+        """Tokens offset .. offset + n (and their q), with the chained ones among them (the block's last)."""
+        if offset == 0 and n >= len(self.token_ids):
             return self
-        return DraftBlock(self.token_ids[:n], None if self.probs is None else self.probs[:n], self.ahead,
-                          max(0, self.num_chained - (len(self.token_ids) - n)))
+        end = min(len(self.token_ids), offset + n)
+        chained = max(0, end - max(offset, len(self.token_ids) - self.num_chained))
+        return DraftBlock(self.token_ids[offset:end], None if self.probs is None else self.probs[offset:end],
+                          self.ahead, chained)

@@ -325,17 +325,15 @@ class DraftSession:
             raise DraftUnavailable(f"the draft sent an invalid block {tokens[:8]} for k={k}")
         if response.num_chained > len(tokens):
             raise DraftUnavailable(f"the draft said {response.num_chained} of its {len(tokens)} tokens were chained")
-        # the chained tokens are the last: those of them in tokens[offset:offset + k]
-        chained = max(0, min(len(tokens), offset + k) - max(offset, len(tokens) - response.num_chained))
         if not response.probs:
-            return DraftBlock(tokens[offset:offset + k], None, ahead, chained)
+            return DraftBlock(tokens, None, ahead, response.num_chained).window(offset, k)
         probs = np.frombuffer(response.probs, dtype="<f4")
         if probs.size % max(len(tokens), 1) or not tokens:
             raise DraftUnavailable("the draft sent probabilities that do not match its tokens")
-        q = torch.from_numpy(probs.reshape(len(tokens), -1)[offset:offset + k].copy())  # [k', V_draft]
+        q = torch.from_numpy(probs.reshape(len(tokens), -1).copy())  # [len(tokens), V_draft]
         if q.shape[1] < vocab:  # a draft with a narrower output layer: pad q with zeros
             q = torch.nn.functional.pad(q, (0, vocab - q.shape[1]))
-        return DraftBlock(tokens[offset:offset + k], q[:, :vocab], ahead, chained)
+        return DraftBlock(tokens, q[:, :vocab], ahead, response.num_chained).window(offset, k)
 
     def cancel(self) -> None:
         self.prefetched = None
