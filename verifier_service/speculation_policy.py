@@ -144,7 +144,7 @@ class RoundCost:
 
     def observe(self, num_draft_tokens: int, num_accepted: int, round_s: float, greedy: bool = True,
                 num_chained: int = 0) -> None:
-        """num_chained: the block's last tokens that the draft chained past its match (`chain_limit`); they are
+        """num_chained: the block's last tokens, chained past the draft's match (`SpeculationPolicy.cut_chain`);
         timed with the block but judged apart, and only when the tokens before them were all accepted."""
         self.plain_since_drafted = 0 if num_draft_tokens else self.plain_since_drafted + 1
         if round_s > 0:
