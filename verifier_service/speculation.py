@@ -156,12 +156,6 @@ class RequestSpeculation:
         self.block = block.cut(self.policy.cut_chain(len(block.token_ids), block.num_chained))
         return self.block
 
-    def _chained_verified(self, num_draft_tokens: int) -> int:
-        """Of the round's num_draft_tokens verified tokens, those the draft chained (an engine may verify fewer
-        tokens than proposed; it drops the last, which are the chained ones)."""
-        block = self.block
-        return max(0, block.num_chained - (len(block.token_ids) - num_draft_tokens))
-
     def record(self, round_: Round) -> None:
         """The one place a verified round is counted: statistics, metrics, fallback, policy, trace."""
         self.stats.add(round_.num_draft_tokens, round_.num_accepted)
@@ -177,13 +171,15 @@ class RequestSpeculation:
         seconds = 0.0 if round_.shared else round_.seconds  # a shared step's time is for StepCost, not RoundCost
         # this round's ask; reset, for the vLLM engine records a step's round before it asks for the next block
         asked_k, self.asked_k = self.asked_k, 0
+        # of the verified tokens, those the draft chained (an engine that verifies fewer drops the last ones)
+        chained = self.block.cut(round_.num_draft_tokens).num_chained
         if asked_k and not self.block_came_ahead and round_.draft_wait_s is not None:
             self.policy.cost.observe_wait(round_.draft_wait_s)  # what asking costs when the answer is waited for
         if not round_.num_draft_tokens and round_.fallback in DRAFT_GAVE_NOTHING and asked_k:
             self.policy.observe(asked_k, 0, seconds)  # drafting's price, not a plain step's
         else:
             self.policy.observe(round_.num_draft_tokens, round_.num_accepted, seconds, asked_k=asked_k,
-                                num_chained=self._chained_verified(round_.num_draft_tokens))
+                                num_chained=chained)
         if round_.forward_s is not None:
             metrics.VERIFY_FORWARD_TIME.observe(round_.forward_s)
         if round_.draft_wait_s is not None:
@@ -200,7 +196,6 @@ class RequestSpeculation:
             event["ahead"] = self.block_came_ahead  # drafted ahead (no round trip) or on request
             if self.block_prefetched:
                 event["prefetched"] = True  # asked during the plain step before: no wait either
-            chained = self._chained_verified(round_.num_draft_tokens)
             if chained:
                 event["chained"] = chained  # the block's last tokens, chained past the draft's match
         if round_.fallback:

@@ -109,6 +109,12 @@ class Ewma:
         self.samples += 1
 
 
+def matched_part(num_draft_tokens: int, num_accepted: int, num_chained: int) -> tuple[int, int]:
+    """A block's tokens before its last num_chained (the ones the draft matched), and how many of them were accepted."""
+    matched = num_draft_tokens - num_chained
+    return matched, min(num_accepted, matched)
+
+
 @dataclasses.dataclass
 class Acceptance:
     """Accepted over judged draft tokens, both fading by `decay` per drafted round, with a prior."""
@@ -149,9 +155,9 @@ class RoundCost:
         self.plain_since_drafted = 0 if num_draft_tokens else self.plain_since_drafted + 1
         if round_s > 0:
             self.seconds.setdefault(num_draft_tokens, Ewma()).add(round_s)
-        matched = num_draft_tokens - num_chained
+        matched, accepted = matched_part(num_draft_tokens, num_accepted, num_chained)
         if matched:
-            self.acceptance[greedy].add(matched, min(num_accepted, matched))
+            self.acceptance[greedy].add(matched, accepted)
         if num_chained and num_accepted >= matched:
             self.chained[greedy].add(num_chained, num_accepted - matched)
 
@@ -460,9 +466,9 @@ class SpeculationPolicy:
             if asked_k:
                 self.probing = False
             return
-        matched = num_draft_tokens - num_chained
+        matched, accepted = matched_part(num_draft_tokens, num_accepted, num_chained)
         if matched:
-            self.acceptance.add(matched, min(num_accepted, matched))
+            self.acceptance.add(matched, accepted)
         if self.probing:
             self.probing = False
             if num_accepted and self.cost.beat_plain(num_accepted, round_s):
