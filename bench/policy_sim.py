@@ -3,6 +3,7 @@
 python -m bench.policy_sim continuations --model DIR --out DIR   (once: the target's greedy outputs)
 python -m bench.policy_sim compare [--continuations DIR] [--verify-cost FILE]  (default: the shipped ones)
 python -m bench.policy_sim bound [--continuations DIR] [--verify-cost FILE]    (what any copying draft could reach)
+python -m bench.policy_sim lengths [--continuations DIR]   (a suffix draft's acceptance by the length of its block)
 
 Greedy verification accepts exactly the longest prefix of a block that matches the target's own
 continuation (`bench.replay`), so with the continuations known, every round a request would run is
@@ -86,7 +87,7 @@ def simulate(runs: list[tuple[list[int], list[int]]], drafts: replay.Drafts, cur
                     policy.observe_first_token(drafted[0] == decoded[0])
                     if len(decoded) < len(drafted) and drafted[:len(decoded)] == decoded:
                         at_hand = answer.window(len(decoded), k)
-                        at_hand = at_hand.cut(policy.cut_chain(len(at_hand.token_ids), at_hand.num_chained))
+                        at_hand = at_hand.cut(policy.cut_block(len(at_hand.token_ids), at_hand.num_chained))
             jitter = rng.lognormvariate(0.0, noise)
             if at_hand.token_ids:
                 block, matched = at_hand.token_ids, replay.accept_greedy(at_hand.token_ids, rest)
@@ -101,11 +102,13 @@ def simulate(runs: list[tuple[list[int], list[int]]], drafts: replay.Drafts, cur
                 steps = round_cost(0, curve) * jitter
                 policy.observe(0, 0, steps)
             else:
-                drafted, matched, emitted = replay.greedy_round(sequence, committed, rest, k, policy.cut_chain)
+                drafted, matched, emitted = replay.greedy_round(sequence, committed, rest, k, policy.cut_block)
                 block = drafted.token_ids
                 # A round pays the draft and the transport when it asked the draft, whatever came back.
                 steps = round_cost(len(block), curve, c, rho if k else 0.0) * jitter
-                policy.observe(len(block), matched, steps, asked_k=k, num_chained=drafted.num_chained)
+                # as the verifier times it: an ask with nothing to verify is a plain step (its wait is weighed apart)
+                timed = steps if block or not k else round_cost(0, curve) * jitter
+                policy.observe(len(block), matched, timed, asked_k=k, num_chained=drafted.num_chained)
                 if k:
                     cost.observe_wait((c * len(block) + rho) * jitter)
             result.steps += steps
@@ -236,6 +239,30 @@ def bound(continuations: pathlib.Path, workloads: list[str], curve: dict[int, fl
     return rows
 
 
+def acceptance_by_length(runs: list[tuple[list[int], list[int]]], drafts: replay.Drafts, k: int = 16,
+                         longest: int = 9) -> dict[int, tuple[int, int, int]]:
+    """Every block verified whole at k: by its matched length (longer ones counted at `longest`), the blocks, and the
+    draft tokens judged and accepted (to the first rejection). The evidence behind `RoundCost.by_length`."""
+    counts: dict[int, list[int]] = {}
+    open_sequence = drafts.new_pass()
+    for prompt_ids, continuation in runs:
+        sequence = open_sequence(list(prompt_ids))
+        pos = 0
+        while pos < len(continuation):
+            block, matched, emitted = replay.greedy_round(sequence, len(prompt_ids) + pos, continuation[pos:],
+                                                          min(k, len(continuation) - pos - 1))
+            n = len(block.token_ids)
+            if n:
+                row = counts.setdefault(min(n, longest), [0, 0, 0])
+                row[0] += 1
+                row[1] += matched + (matched < n)
+                row[2] += matched
+            pos += len(emitted)
+        sequence.finish()
+        sequence.close()
+    return {n: (blocks, judged, accepted) for n, (blocks, judged, accepted) in sorted(counts.items())}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.policy_sim", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -264,9 +291,20 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--verify-cost", type=pathlib.Path, default=DEFAULT_VERIFY_COST)
     b.add_argument("--against", type=pathlib.Path, help="a `compare --json` result: print oracle / n-gram adaptive")
     b.add_argument("--json", type=pathlib.Path, help="also write the rows here")
+    n = sub.add_parser("lengths", help="a suffix draft's acceptance by the matched length of its block, at k = 16")
+    n.add_argument("--continuations", type=pathlib.Path, default=SHIPPED_CONTINUATIONS)
+    n.add_argument("--workloads", nargs="+", default=DEFAULT_WORKLOADS)
     args = p.parse_args(argv)
     if args.command == "continuations":
         generate(args.model, args.out, args.workloads, args.max_prompts, args.max_tokens)
+        return 0
+    if args.command == "lengths":
+        print("acceptance (accepted / judged draft tokens) of a suffix draft's blocks by their length, "
+              "cell = length: acceptance (blocks); 9 = 9 or more")
+        for workload in args.workloads:
+            rows = acceptance_by_length(load_runs(args.continuations / f"{workload}.json"), replay.suffix_drafts())
+            print(f"{workload:<12} " + "  ".join(f"{length}: {accepted / judged:.2f} ({blocks})"
+                                                 for length, (blocks, judged, accepted) in rows.items()))
         return 0
     curve = load_curve(args.verify_cost)
     if args.command == "bound":

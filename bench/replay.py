@@ -124,7 +124,7 @@ def greedy_round(sequence: DraftSequence, committed: int, rest: list[int], k: in
                  cut: Callable[[int, int], int] = lambda num_tokens, num_chained: num_tokens - num_chained,
                  ) -> tuple[DraftBlock, int, list[int]]:
     """One round over a known greedy continuation: the draft's block for k (none for k = 0), cut to `cut(tokens,
-    chained)` tokens (`SpeculationPolicy.cut_chain`; by default, as at a fixed k, without chained tokens), how many
+    chained)` tokens (`SpeculationPolicy.cut_block`; by default, as at a fixed k, without chained tokens), how many
     of its tokens the target accepts, and what the round emits (those and the target's own token, from `rest`, the
     continuation after the `committed` tokens); the draft's sequence is brought to what was emitted."""
     block = sequence.propose(k) if k > 0 else DraftBlock.empty()

@@ -25,7 +25,7 @@ again on the context plus what it drafted, and goes on while the new match is at
 CHAIN_MIN_MATCH tokens and the running probability (the product of each part's) stays above
 `min_token_prob`. The chained tokens are the block's last `num_chained`: the verifier judges them
 apart from the rest and verifies them only as far as their own acceptance pays on its measured
-round times (`SpeculationPolicy.cut_chain`). Replayed (`bench.policy_sim`) on the AVX2 EPYC's fp32
+round times (`SpeculationPolicy.cut_block`). Replayed (`bench.policy_sim`) on the AVX2 EPYC's fp32
 curve, where a block of 16 costs about what one of 4 does, this took adaptive suffix over n-gram on
 extraction from 1.24x to 1.66x (SQL 1.07x -> 1.23x, FAQ 1.24x -> 1.40x); where each token costs a
 third of a step (a bf16 curve) the verifier cuts most chained tokens off (extraction 1.31x -> 1.26x,

@@ -17,7 +17,8 @@ wait for the draft, which is the price of drafting, not of a plain step. The pol
 of the asked size with nothing accepted, so a draft too slow to answer in time turns speculation off
 instead of making plain steps look slow. Where the draft had nothing to propose (no n-gram match), the
 policy sees a plain step that was asked for (`SpeculationPolicy.observe`'s asked_k: a retry that
-found nothing is over).
+found nothing is over), timed without the wait; so does a block the policy found too weak to verify
+(`SpeculationPolicy.cut_block`, fallback "weak_draft").
 
 A far draft (its answer takes a good share of a step: another host, a slow model) need not be waited
 for: where the speedup model says so (`SpeculationPolicy.step_while_drafting`, --far-draft), the round
@@ -142,19 +143,19 @@ class RequestSpeculation:
             self.policy.observe_first_token(first_token_accepted)
         if block is not None:
             self.block_came_ahead = self.block_prefetched = True
-            return self._verified(block), ""
+            return self._verified(block, "")
         if self.policy.step_while_drafting(k) and not self.draft.ahead_ready(tokens):
             return self.block, await self.draft.prefetch(tokens, k) or "stepped"
         self.asked_k = k
         block, reason = await self.draft.propose(tokens, k)
         self.block_came_ahead = block.ahead
-        return self._verified(block), reason
+        return self._verified(block, reason)
 
-    def _verified(self, block: DraftBlock) -> DraftBlock:
-        """The block as it will be verified: tokens the draft chained past its match only as far as the policy
-        finds they pay (`SpeculationPolicy.cut_chain`)."""
-        self.block = block.cut(self.policy.cut_chain(len(block.token_ids), block.num_chained))
-        return self.block
+    def _verified(self, block: DraftBlock, reason: str) -> tuple[DraftBlock, str]:
+        """The block as it will be verified, and why it is empty where it is: only as far as the policy finds its
+        tokens pay (`SpeculationPolicy.cut_block`), so none of a block too weak to pay ("weak_draft")."""
+        self.block = block.cut(self.policy.cut_block(len(block.token_ids), block.num_chained))
+        return self.block, reason or ("weak_draft" if block.token_ids and not self.block.token_ids else "")
 
     def record(self, round_: Round) -> None:
         """The one place a verified round is counted: statistics, metrics, fallback, policy, trace."""
@@ -177,6 +178,11 @@ class RequestSpeculation:
             self.policy.cost.observe_wait(round_.draft_wait_s)  # what asking costs when the answer is waited for
         if not round_.num_draft_tokens and round_.fallback in DRAFT_GAVE_NOTHING and asked_k:
             self.policy.observe(asked_k, 0, seconds)  # drafting's price, not a plain step's
+        elif not round_.num_draft_tokens and asked_k:
+            # asked, and nothing worth verifying came (no match, or a block too weak): a plain step after the wait,
+            # which the policy weighs on its own (`SpeculationPolicy.best_k`)
+            wait = round_.draft_wait_s if round_.draft_wait_s is not None else 0.0
+            self.policy.observe(0, 0, max(seconds - wait, 0.0), asked_k=asked_k)
         else:
             self.policy.observe(round_.num_draft_tokens, round_.num_accepted, seconds, asked_k=asked_k,
                                 num_chained=chained)

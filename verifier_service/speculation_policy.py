@@ -29,8 +29,18 @@ verifies k draft tokens (forward pass, draft wait, transport), k = 0 being a pla
 - such a draft may chain past its match (`--suffix-chain`: it matches again on the context plus
   its draft) and say so (`DraftBlock.num_chained`, the block's last tokens). Chained tokens are
   judged apart, with a server-wide acceptance of their own counted only where the tokens before
-  them were all accepted, and verified only as far as they pay (`cut_chain`: the n, from the
-  matched tokens to all, with the most expected tokens per second on the measured round times);
+  them were all accepted, and verified only as far as they pay;
+- such a draft's block is verified only as far as it pays (`cut_block`: the n, from none to all,
+  with the most expected tokens per second on the measured round times, the draft's wait being
+  paid already). Its matched tokens are judged by the server-wide acceptance of blocks whose
+  match was as long (`RoundCost.by_length`), with the request's as the prior: replayed, a suffix
+  draft's 1-token blocks were accepted 0.19-0.63 of the time and its blocks of 4 and more
+  0.75-1.0, and where verifying one token costs 1.8 plain steps (an AVX2 EPYC in fp32), a
+  1-token block pays only above 0.82. A block too weak to pay is a plain step ("weak_draft");
+  a length whose blocks are cut learns nothing new, so its evidence fades with each cut, back to
+  the request's. Replayed on four measured CPU curves (`bench.policy_sim`, 5 seeds), adaptive
+  suffix on the FAQ went 1.353 -> 1.400 (AVX2 EPYC), 1.175 -> 1.242 (EPYC bf16), and SQL 1.244
+  -> 1.328, 1.076 -> 1.101; structured (4 requests) lost 0.07 on the AVX2 curve (docs/design.md);
 - k* = 0 turns speculation off ("not_paying"), but only if it is still 0 with the acceptance half a
   standard error higher (EXPLORE_Z): an estimate from a few judged tokens just under break-even
   drafts on and learns, where turning off would stop the evidence. Replayed over the shipped
@@ -88,6 +98,8 @@ HOPELESS_AFTER_ROUNDS = 4  # drafted rounds measured server-wide before blocks m
 PROBE_K = 1  # the block a retry drafts before round times are known (then the cheapest: probe_k)
 DECAY = 0.9  # a request's acceptance counts fade by this per drafted round, so it follows the text
 EXPLORE_Z = 0.5  # standard errors added to the acceptance before speculation is turned off
+# A block's matched tokens are judged by the server-wide acceptance of blocks whose match was as long, up to this
+LENGTH_BUCKETS = 8
 FAR_DRAFT_WAIT = 0.05  # a draft whose answer takes less than this share of a plain step is near: always wait for it
 
 
@@ -128,6 +140,11 @@ class Acceptance:
         self.accepted = self.decay * self.accepted + num_accepted
         self.judged = self.decay * self.judged + judged(num_draft_tokens, num_accepted)
 
+    def fade(self) -> None:
+        """One decay with nothing added: the evidence ages where nothing is judged."""
+        self.accepted *= self.decay
+        self.judged *= self.decay
+
     def value(self, prior: float | None = None) -> float:
         prior = self.prior if prior is None else prior
         return (self.accepted + prior * PRIOR_DRAFT_TOKENS) / (self.judged + PRIOR_DRAFT_TOKENS)
@@ -145,12 +162,13 @@ class RoundCost:
         self.seconds: dict[int, Ewma] = {}  # by verified draft tokens
         self.acceptance = {True: Acceptance(SERVER_DECAY), False: Acceptance(SERVER_DECAY)}  # by greedy
         self.chained = {True: Acceptance(SERVER_DECAY), False: Acceptance(SERVER_DECAY)}  # chained tokens, by greedy
+        self.by_length: dict[bool, dict[int, Acceptance]] = {True: {}, False: {}}  # matched tokens, by drafted match
         self.plain_since_drafted = 0  # plain rounds server-wide since the last drafted one
         self.wait = Ewma()  # what a round that asked the draft waited for its answer (round trip + drafting)
 
     def observe(self, num_draft_tokens: int, num_accepted: int, round_s: float, greedy: bool = True,
-                num_chained: int = 0) -> None:
-        """num_chained: the block's last tokens, chained past the draft's match (`SpeculationPolicy.cut_chain`);
+                num_chained: int = 0, drafted_matched: int = 0) -> None:
+        """num_chained: the block's last tokens, chained past the draft's match (`SpeculationPolicy.cut_block`);
         timed with the block but judged apart, and only when the tokens before them were all accepted."""
         self.plain_since_drafted = 0 if num_draft_tokens else self.plain_since_drafted + 1
         if round_s > 0:
@@ -158,6 +176,9 @@ class RoundCost:
         matched, accepted = matched_part(num_draft_tokens, num_accepted, num_chained)
         if matched:
             self.acceptance[greedy].add(matched, accepted)
+            if drafted_matched:
+                self.by_length[greedy].setdefault(min(drafted_matched, LENGTH_BUCKETS), Acceptance(SERVER_DECAY)).add(
+                    matched, accepted)
         if num_chained and num_accepted >= matched:
             self.chained[greedy].add(num_chained, num_accepted - matched)
 
@@ -330,7 +351,9 @@ class SpeculationPolicy:
         self.next_cooldown = COOLDOWN_ROUNDS
         self.probing = False
         self.off_reason = ""
-        self.chain_times: list[float] | None = None  # round times to weigh chained tokens on (None: verify none)
+        self.cut_times: list[float] | None = None  # round times to cut blocks on (None: verify what the draft matched)
+        self.cut_alpha: float | None = None  # the acceptance the round's k was chosen on (None: alpha())
+        self.cut_from = 0
 
     def alpha(self) -> float:
         """This request's acceptance, with the server-wide one as a prior."""
@@ -362,7 +385,8 @@ class SpeculationPolicy:
                    batch: Batch | None = None) -> int:
         """k for the next round; 0 decodes without speculation."""
         self.off_reason = ""
-        self.chain_times = None
+        self.cut_times, self.cut_alpha = None, None
+        self.cut_from = 0
         k = self.k
         if not self.fixed:
             if self.max_concurrency and live_sequences > self.max_concurrency:
@@ -389,7 +413,7 @@ class SpeculationPolicy:
                 k = k if self.probing else step_k
             if k and self.draft_sizes_blocks and not self.probing:
                 k = self.max_k
-                self.chain_times = optimistic
+                self.cut_times, self.cut_alpha = optimistic, alpha
             if k == 0:
                 if hopeless:
                     self.next_cooldown = MAX_COOLDOWN_ROUNDS
@@ -432,28 +456,34 @@ class SpeculationPolicy:
         if not accepted:
             self.probing = False
 
-    def cut_chain(self, num_tokens: int, num_chained: int) -> int:
+    def cut_block(self, num_tokens: int, num_chained: int) -> int:
         """How many of a block's num_tokens to verify, its last num_chained chained past the draft's match: the n
-        from the matched ones up to all that emits the most expected tokens per second, where the matched tokens
-        are accepted with alpha each and a chained one, reached only past them all, with the server-wide
-        acceptance of chained tokens (`RoundCost.observe`). Only in a round whose k the policy chose for a draft
-        that sizes its blocks (not at a fixed k, not in a retry): else the matched ones."""
-        matched, times = num_tokens - num_chained, self.chain_times
-        if not num_chained or not matched or times is None:
+        from none up to all that emits the most expected tokens per second, where the matched tokens are accepted
+        with alpha each and a chained one, reached only past them all, with the server-wide acceptance of chained
+        tokens (`RoundCost.observe`). None (a plain step) where no prefix beats one: the draft's wait is paid, but a
+        block too short for its acceptance costs more to verify than it emits. Only in a round whose k the policy
+        chose (not at a fixed k, not in a retry): else the matched ones."""
+        matched, times = num_tokens - num_chained, self.cut_times
+        self.cut_from = matched
+        if times is None or not num_tokens:
             return matched
-        alpha = min(self.alpha(), 0.999)
+        alpha = min(self.alpha() if self.cut_alpha is None else self.cut_alpha, 0.999)
+        alike = self.cost.by_length[self.greedy].get(min(matched, LENGTH_BUCKETS))  # blocks matched as far
+        if alike is not None:
+            alpha = min(alike.upper(prior=alpha), 0.999)
         alpha_chained = min(self.cost.chained[self.greedy].value(), 0.999)
+        sunk = self.cost.wait.value or 0.0  # the draft's answer is here: its wait is no longer a cost of verifying
         longest = min(num_tokens, len(times) - 1)
-        if matched >= longest:
-            return matched
-        tokens = expected_tokens(alpha, matched)
-        reach = alpha ** matched  # the chance that every matched token is accepted
-        best, best_rate = matched, tokens / times[matched]
-        for n in range(matched + 1, longest + 1):
-            reach *= alpha_chained
+        tokens, reach = 1.0, 1.0  # expected tokens of a round verifying n; the chance all n were accepted
+        best, best_rate = 0, 1.0 / times[0]
+        for n in range(1, longest + 1):
+            reach *= alpha if n <= matched else alpha_chained
             tokens += reach
-            if tokens / times[n] > best_rate:
-                best, best_rate = n, tokens / times[n]
+            rate = tokens / max(times[n] - sunk, 1e-9)
+            if rate > best_rate:
+                best, best_rate = n, rate
+        if alike is not None and best < matched:
+            alike.fade()
         return best
 
     def observe(self, num_draft_tokens: int, num_accepted: int, round_s: float, asked_k: int = 0,
@@ -461,7 +491,8 @@ class SpeculationPolicy:
         """Learn from a verified round: its draft size, accepted count and wall time. asked_k: the block the draft
         was asked for (0: none); a retry that came back empty is over, and has not paid. num_chained: the block's
         last tokens the draft chained past its match (judged apart: `RoundCost.observe`)."""
-        self.cost.observe(num_draft_tokens, num_accepted, round_s, self.greedy, num_chained)
+        drafted_matched, self.cut_from = self.cut_from, 0
+        self.cost.observe(num_draft_tokens, num_accepted, round_s, self.greedy, num_chained, drafted_matched)
         if not num_draft_tokens:
             if asked_k:
                 self.probing = False

@@ -107,3 +107,36 @@ def test_a_chained_block_crosses_the_wire_and_is_cut_and_judged_as_the_policy_sa
     block, cost = asyncio.run(asyncio.wait_for(verified(FLAT), 30))
     assert block.token_ids == [80, 81, 53, 54, 55] and block.num_chained == 3
     assert cost.chained[True].judged == pytest.approx(1000 * 0.99 + 3)  # 3 chained tokens judged, all accepted
+
+
+def test_a_block_too_weak_to_pay_is_a_plain_step_after_the_wait():
+    """A real suffix draft answers with a 1-token block ([50] was followed by 80 once). On the AVX2 EPYC's curve,
+    where verifying one token costs 1.82 plain steps, and with 1-token blocks accepted 1 time in 5 on this server,
+    the round verifies nothing ("weak_draft"); its time, less the wait for the draft, is a plain step's."""
+    from draft_service.suffix import SuffixConfig, SuffixProposer
+    from tests.draft_service.inprocess import draft_server
+    from tests.draft_service.test_suffix import generate
+    from tests.verifier_service.test_draft_link_limits import target
+    from tests.verifier_service.test_speculation_policy import AVX2, seen, timed
+
+    suffix = SuffixProposer(SuffixConfig(suffix_scope="global", suffix_chain=False))
+    generate(suffix, [7], [50, 80])
+
+    async def scenario():
+        async with draft_server(proposer=suffix) as (address, _servicer):
+            link = DraftLink(address, ServerConfig(), target(), timeout_s=5.0)
+            cost = timed(AVX2)
+            cost.acceptance[True], cost.by_length[True] = seen(0.7), {1: seen(0.2, 200)}
+            policy = SpeculationPolicy(4, 8, cost=cost, draft_sizes_blocks=True)
+            speculation = RequestSpeculation(policy, link.session("r", SamplingParams()))
+            k = speculation.block_size(1000, 1000)
+            block, reason = await speculation.propose([1, 2, 3, 50], k)
+            assert k == 8 and block.token_ids == [] and reason == "weak_draft"
+            plain = cost.seconds[0].samples
+            speculation.record(Round(0, 0, 1.05, draft_wait_s=0.05, forward_s=1.0, fallback=reason))
+            assert speculation.stats.num_fallback_rounds == 1 and speculation.stats.num_drafts == 0
+            assert cost.seconds[0].samples == plain + 1 and cost.seconds[0].value == pytest.approx(1.0)
+            speculation.close(None)
+            await link.close()
+
+    asyncio.run(asyncio.wait_for(scenario(), 30))
