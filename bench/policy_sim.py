@@ -106,7 +106,7 @@ def simulate(runs: list[tuple[list[int], list[int]]], drafts: replay.Drafts, cur
                 block = drafted.token_ids
                 # A round pays the draft and the transport when it asked the draft, whatever came back.
                 steps = round_cost(len(block), curve, c, rho if k else 0.0) * jitter
-                # as the verifier times it: an ask with nothing to verify is a plain step (its wait is weighed apart)
+                # as the verifier times it: an ask with nothing to verify is a plain step, less the wait
                 timed = steps if block or not k else round_cost(0, curve) * jitter
                 policy.observe(len(block), matched, timed, asked_k=k, num_chained=drafted.num_chained)
                 if k:

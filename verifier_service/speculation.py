@@ -179,8 +179,8 @@ class RequestSpeculation:
         if not round_.num_draft_tokens and round_.fallback in DRAFT_GAVE_NOTHING and asked_k:
             self.policy.observe(asked_k, 0, seconds)  # drafting's price, not a plain step's
         elif not round_.num_draft_tokens and asked_k:
-            # asked, and nothing worth verifying came (no match, or a block too weak): a plain step after the wait,
-            # which the policy weighs on its own (`SpeculationPolicy.best_k`)
+            # asked, and nothing worth verifying came (no match, or a block too weak): a plain step after the wait;
+            # the wait is drafting's (`RoundCost.wait`), not a plain step's
             wait = round_.draft_wait_s if round_.draft_wait_s is not None else 0.0
             self.policy.observe(0, 0, max(seconds - wait, 0.0), asked_k=asked_k)
         else:

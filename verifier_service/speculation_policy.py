@@ -35,7 +35,7 @@ verifies k draft tokens (forward pass, draft wait, transport), k = 0 being a pla
   paid already). Its matched tokens are judged by the server-wide acceptance of blocks whose
   match was as long (`RoundCost.by_length`), with the request's as the prior: replayed, a suffix
   draft's 1-token blocks were accepted 0.19-0.63 of the time and its blocks of 4 and more
-  0.75-1.0, and where verifying one token costs 1.8 plain steps (an AVX2 EPYC in fp32), a
+  0.67-1.0, and where verifying one token costs 1.8 plain steps (an AVX2 EPYC in fp32), a
   1-token block pays only above 0.82. A block too weak to pay is a plain step ("weak_draft");
   a length whose blocks are cut learns nothing new, so its evidence fades with each cut, back to
   the request's. Replayed on four measured CPU curves (`bench.policy_sim`, 5 seeds), adaptive
@@ -353,7 +353,7 @@ class SpeculationPolicy:
         self.off_reason = ""
         self.cut_times: list[float] | None = None  # round times to cut blocks on (None: verify what the draft matched)
         self.cut_alpha: float | None = None  # the acceptance the round's k was chosen on (None: alpha())
-        self.cut_from = 0
+        self.cut_from = 0  # the matched length of the block last cut, as drafted: its round's evidence files under it
 
     def alpha(self) -> float:
         """This request's acceptance, with the server-wide one as a prior."""
