@@ -144,7 +144,7 @@ AVX2 = {0: 1.0, 1: 1.82, 2: 2.28, 3: 2.10, 4: 1.87, 5: 1.66, 6: 1.88, 7: 1.75, 8
 def test_a_block_too_short_for_its_acceptance_is_not_verified():
     """Where verifying one token costs 1.82 plain steps, a 1-token block pays only if accepted over 82% of the time.
     Replayed, a suffix draft's 1-token blocks were accepted 0.19-0.63 of the time and its blocks of 4 and more
-    0.75-1.0 (`bench.policy_sim`): each block is judged by blocks whose match was as long (`RoundCost.by_length`), and
+    0.67-1.0 (`bench.policy_sim lengths`): each block is judged by blocks whose match was as long (`RoundCost.by_length`), and
     a weak one decodes a plain step instead; a long one on the same server is verified whole."""
     policy = chaining_policy(AVX2, alpha=0.7, alpha_chained=0.5)
     policy.cost.by_length[True] = {1: seen(0.2, 200), 6: seen(0.95, 200)}
