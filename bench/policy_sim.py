@@ -241,26 +241,17 @@ def bound(continuations: pathlib.Path, workloads: list[str], curve: dict[int, fl
 
 def acceptance_by_length(runs: list[tuple[list[int], list[int]]], drafts: replay.Drafts, k: int = 16,
                          longest: int = 9) -> dict[int, tuple[int, int, int]]:
-    """Every block verified whole at k: by its matched length (longer ones counted at `longest`), the blocks, and the
-    draft tokens judged and accepted (to the first rejection). The evidence behind `RoundCost.by_length`."""
+    """Every block verified whole at k (`replay.replay`): by its matched length (longer ones counted at `longest`),
+    the blocks, and the draft tokens judged and accepted (to the first rejection). The evidence behind
+    `RoundCost.by_length`."""
+    stats = replay.replay(runs, k, drafts.new_pass())
     counts: dict[int, list[int]] = {}
-    open_sequence = drafts.new_pass()
-    for prompt_ids, continuation in runs:
-        sequence = open_sequence(list(prompt_ids))
-        pos = 0
-        while pos < len(continuation):
-            block, matched, emitted = replay.greedy_round(sequence, len(prompt_ids) + pos, continuation[pos:],
-                                                          min(k, len(continuation) - pos - 1))
-            n = len(block.token_ids)
-            if n:
-                row = counts.setdefault(min(n, longest), [0, 0, 0])
-                row[0] += 1
-                row[1] += matched + (matched < n)
-                row[2] += matched
-            pos += len(emitted)
-        sequence.finish()
-        sequence.close()
-    return {n: (blocks, judged, accepted) for n, (blocks, judged, accepted) in sorted(counts.items())}
+    for n in sorted(length for length in stats.rounds_by_block if length):
+        row = counts.setdefault(min(n, longest), [0, 0, 0])
+        row[0] += stats.rounds_by_block[n]
+        row[1] += stats.judged_by_block[n]
+        row[2] += stats.accepted_by_block[n]
+    return {n: (blocks, judged, accepted) for n, (blocks, judged, accepted) in counts.items()}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -97,6 +97,9 @@ class ReplayStats:
     tokens: int = 0  # emitted: accepted drafts + the target's own tokens
     accepted: int = 0
     rounds_by_block: collections.Counter = dataclasses.field(default_factory=collections.Counter)  # len -> rounds
+    # len -> draft tokens judged (accepted and the first rejected) and accepted, over the rounds of that block length
+    judged_by_block: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    accepted_by_block: collections.Counter = dataclasses.field(default_factory=collections.Counter)
     draft_s: float = 0.0  # time in propose and update
 
     @property
@@ -148,7 +151,10 @@ def replay(runs: list[tuple[list[int], list[int]]], k: int, open_sequence: OpenS
             block, matched, emitted = greedy_round(sequence, len(prompt_ids) + pos, continuation[pos:],
                                                    min(k, end - pos - 1))
             stats.draft_s += time.perf_counter() - started  # propose and update (and the microseconds of matching)
-            stats.rounds_by_block[len(block.token_ids)] += 1
+            n = len(block.token_ids)
+            stats.rounds_by_block[n] += 1
+            stats.judged_by_block[n] += matched + (matched < n)
+            stats.accepted_by_block[n] += matched
             stats.accepted += matched
             stats.tokens += len(emitted)
             pos += len(emitted)

@@ -12,6 +12,7 @@ reason, and the engine carries on without speculation.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 
@@ -325,15 +326,17 @@ class DraftSession:
             raise DraftUnavailable(f"the draft sent an invalid block {tokens[:8]} for k={k}")
         if response.num_chained > len(tokens):
             raise DraftUnavailable(f"the draft said {response.num_chained} of its {len(tokens)} tokens were chained")
+        block = DraftBlock(tokens, None, ahead, response.num_chained).window(offset, k)
         if not response.probs:
-            return DraftBlock(tokens, None, ahead, response.num_chained).window(offset, k)
+            return block
         probs = np.frombuffer(response.probs, dtype="<f4")
         if probs.size % max(len(tokens), 1) or not tokens:
             raise DraftUnavailable("the draft sent probabilities that do not match its tokens")
-        q = torch.from_numpy(probs.reshape(len(tokens), -1).copy())  # [len(tokens), V_draft]
+        rows = probs.reshape(len(tokens), -1)[offset:offset + len(block.token_ids)]  # q of the block's tokens only
+        q = torch.from_numpy(rows.copy())  # [k', V_draft]
         if q.shape[1] < vocab:  # a draft with a narrower output layer: pad q with zeros
             q = torch.nn.functional.pad(q, (0, vocab - q.shape[1]))
-        return DraftBlock(tokens, q[:, :vocab], ahead, response.num_chained).window(offset, k)
+        return dataclasses.replace(block, probs=q[:, :vocab])
 
     def cancel(self) -> None:
         self.prefetched = None
