@@ -22,6 +22,7 @@ from specdec.config import ServerConfig
 from specdec.interceptors import INTERNAL_TOKEN_KEY
 from specdec.v1 import draft_pb2, draft_pb2_grpc
 from tests.draft_service.inprocess import draft_server
+from tests.log_records import logged_errors
 
 TOKEN = "internal-token-for-tests-3f9a1c"
 BAD_UTF8 = b"\xff\xfe"
@@ -63,7 +64,7 @@ def test_undecodable_requests_are_invalid_argument_without_a_traceback(kind, met
 
     with caplog.at_level(logging.INFO):
         asyncio.run(scenario())
-    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+    assert logged_errors(caplog.records) == []
 
 
 def test_internal_services_need_the_token_and_health_stays_open(tmp_path):
@@ -158,7 +159,7 @@ def test_cancelled_streams_end_cleanly(caplog):
     with caplog.at_level(logging.INFO):
         asyncio.run(scenario())
     assert len(cleaned_up) == 20
-    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+    assert logged_errors(caplog.records) == []
 
 
 def listening_address(port: int) -> str:

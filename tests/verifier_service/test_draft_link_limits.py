@@ -10,6 +10,7 @@ from specdec.config import ServerConfig
 from specdec.sampling import SamplingParams
 from specdec.v1 import common_pb2
 from tests.draft_service.inprocess import INFO, draft_server
+from tests.log_records import asyncio_messages
 from verifier_service.draft_client import DraftLink
 
 
@@ -76,7 +77,7 @@ def test_the_draft_learns_the_targets_context_and_a_refused_stream_leaves_nothin
     finally:
         gc.enable()
     gc.collect()
-    assert [r.getMessage() for r in caplog.records if r.name == "asyncio"] == []
+    assert asyncio_messages(caplog.records) == []
 
 
 def test_a_request_cancelled_while_its_stream_opens_leaves_no_sequence_on_the_draft():
