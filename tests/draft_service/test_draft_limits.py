@@ -26,9 +26,19 @@ def nxt(keep, append=(), k=2):
 
 
 async def propose(address, messages, timeout=30.0):
+    """The replies to `messages` on one Propose stream; raises AioRpcError with the draft's status if it ends the call.
+
+    Writes one message at a time and stops once the draft has ended the call: fed from a request iterator, a write
+    that raced the draft's end surfaced as INTERNAL ("Internal error from Core") instead of the draft's status."""
     async with grpc.aio.insecure_channel(address) as channel:
-        return [reply async for reply in draft_pb2_grpc.DraftServiceStub(channel).Propose(iter(messages),
-                                                                                          timeout=timeout)]
+        call = draft_pb2_grpc.DraftServiceStub(channel).Propose(timeout=timeout)
+        try:
+            for message in messages:
+                await call.write(message)
+            await call.done_writing()
+        except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
+            pass  # the draft ended the call; reading gives its status
+        return [reply async for reply in call]
 
 
 def test_the_targets_context_caps_the_sequence_before_any_work():
