@@ -71,6 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a `python -m bench.verify_cost` JSON for the model's t(n)/t(1) curve (the context nearest "
                         "the run's median prompt is used); default: measure it in-process at the start")
     p.add_argument("--verify-cost-repeats", type=int, default=8, help="sweeps of the in-process measurement")
+    p.add_argument("--no-prepack-weights", action="store_true",
+                   help="run the verifiers on torch's own linear kernels (their --prepack-weights false), and measure "
+                        "or read the verify cost so: the before of prepacking")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"], help="target (and draft) dtype")
     p.add_argument("--threads", type=int, default=2, help="torch threads of the verifier and of the anchor")
     p.add_argument("--omp-wait-policy", default="PASSIVE", choices=["PASSIVE", "ACTIVE", "inherit"],
@@ -141,14 +144,15 @@ def verify_curve(args, hf: HFModel | None, context: int) -> dict:
     from bench import verify_cost  # imports torch: after main() has set OMP_WAIT_POLICY
 
     if args.verify_cost:
-        record = verify_cost.read_for_run(args.verify_cost, context)
+        record = verify_cost.read_for_run(args.verify_cost, context, prepacked=not args.no_prepack_weights)
         if record.get("dtype") and record["dtype"] != args.dtype:
             log.warning("--verify-cost %s was measured in %s; this run is %s", args.verify_cost, record["dtype"],
                         args.dtype)
         return record
     log.info("measuring the verify cost t(n)/t(1) at a %d-token context (%d sweeps)", context,
              args.verify_cost_repeats)
-    return verify_cost.measure_for_run(hf.model, context, repeats=args.verify_cost_repeats)
+    return verify_cost.measure_for_run(hf.model, context, repeats=args.verify_cost_repeats,
+                                       prepack=not args.no_prepack_weights)
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -176,7 +180,8 @@ def run(args: argparse.Namespace) -> dict:
 
     log_dir = pathlib.Path(args.log_dir) if args.log_dir else pathlib.Path(tempfile.mkdtemp(prefix="bench-logs-"))
     log_dir.mkdir(parents=True, exist_ok=True)
-    verifier_args = ["--dtype", args.dtype, "--threads", str(args.threads)]
+    verifier_args = ["--dtype", args.dtype, "--threads", str(args.threads),
+                     "--prepack-weights", str(not args.no_prepack_weights).lower()]
     draft_cost: dict[str, float] = {}
     samples = []
     with contextlib.ExitStack() as stack:
@@ -267,6 +272,7 @@ def run(args: argparse.Namespace) -> dict:
                    "draft_model": args.draft_model or None, "vllm": args.vllm, "draft_cost_c": draft_cost or None,
                    "suffix": not args.no_suffix, "suffix_reset": args.suffix_reset,
                    "suffix_draft_args": args.suffix_draft_args, "threads": args.threads, "quick": args.quick,
+                   "prepack_weights": not args.no_prepack_weights,
                    "run_seconds": round(time.monotonic() - started_run, 1)},
     }
     result.update(aggregate(samples, result, [m.name for m in methods]))

@@ -12,6 +12,7 @@ each timed pass runs k tokens after a cached prefix and is then rolled back.
 from __future__ import annotations
 
 import argparse
+import copy
 import datetime
 import json
 import pathlib
@@ -23,6 +24,7 @@ import torch
 
 from specdec.kv_cache import new_cache, rollback_cache
 from specdec.models import DTYPES, load_causal_lm
+from specdec.prepacked_linear import prepack_linears, why_not
 
 # Random-initialised stand-ins for real targets: only the shapes matter for cost.
 CONFIGS = {
@@ -71,41 +73,60 @@ def time_forward(model, cache, context: int, k: int, device: str, repeats: int) 
 
 @torch.inference_mode()
 def measure(model, device: str, context: int, ks: list[int], repeats: int, warmup: int, progress=None) -> dict:
-    cache = new_cache(model)
-    prefix = torch.randint(0, model.config.vocab_size, (1, context), device=device)  # [1, context]
-    model(input_ids=prefix, past_key_values=cache, use_cache=True)
-    for k in ks:
-        time_forward(model, cache, context, k, device, warmup)
-    medians = {}
-    # Interleave the k values so that drift on a noisy machine spreads over all of them.
-    samples = {k: [] for k in ks}
+    return measure_each([model], device, context, ks, repeats, warmup, progress)[0]
+
+
+@torch.inference_mode()
+def measure_each(models: list, device: str, context: int, ks: list[int], repeats: int, warmup: int,
+                 progress=None) -> list[dict]:
+    """One curve per model, every (model, k) interleaved in each sweep: drift on a noisy machine spreads over all
+    of them (on a shared 2-core VM, one model's t(1) moved by 40% between two runs minutes apart)."""
+    caches = []
+    for model in models:
+        caches.append(new_cache(model))
+        prefix = torch.randint(0, model.config.vocab_size, (1, context), device=device)  # [1, context]
+        model(input_ids=prefix, past_key_values=caches[-1], use_cache=True)
+        for k in ks:
+            time_forward(model, caches[-1], context, k, device, warmup)
+    samples = [{k: [] for k in ks} for _ in models]
     for _ in range(repeats):
         for k in ks:
-            samples[k] += time_forward(model, cache, context, k, device, 1)
+            for model, cache, by_k in zip(models, caches, samples):
+                by_k[k] += time_forward(model, cache, context, k, device, 1)
         if progress:
             progress.update(1)
-    for k in ks:
-        medians[k] = statistics.median(samples[k])
-    return {"context": context, "t_ms": {str(k): round(medians[k], 3) for k in ks},
-            "ratio": {str(k): round(medians[k] / medians[ks[0]], 3) for k in ks}}
+    curves = []
+    for by_k in samples:
+        medians = {k: statistics.median(by_k[k]) for k in ks}
+        curves.append({"context": context, "t_ms": {str(k): round(medians[k], 3) for k in ks},
+                       "ratio": {str(k): round(medians[k] / medians[ks[0]], 3) for k in ks}})
+    return curves
 
 
 # The n values a benchmark run measures: up to 17 tokens, a 16-token block and the verified token.
 RUN_NS = (1, 2, 3, 4, 5, 6, 8, 10, 13, 17)
 
 
-def measure_for_run(model, context: int, ns=RUN_NS, repeats: int = 8, warmup: int = 2) -> dict:
-    """The curve a benchmark run uses, measured in-process on the run's target (CPU, the run's threads)."""
+def measure_for_run(model, context: int, ns=RUN_NS, repeats: int = 8, warmup: int = 2, prepack: bool = True) -> dict:
+    """The curve a benchmark run uses, measured in-process on the run's target (CPU, the run's threads), with
+    the linears prepacked as the verifier prepacks them (`--prepack-weights`; on a copy: `model` stays as it is)."""
+    prepacked = prepack and not why_not(model)
+    if prepacked:
+        model = copy.deepcopy(model)
+        prepack_linears(model)
     curve = measure(model, "cpu", context, list(ns), repeats, warmup)
-    return {"source": "measured in-process at the start of this run", "repeats": repeats, **curve}
+    return {"source": "measured in-process at the start of this run", "repeats": repeats, "prepacked": prepacked,
+            **curve}
 
 
-def read_for_run(path: str | pathlib.Path, context: int) -> dict:
-    """The curve of a saved `python -m bench.verify_cost` result whose context is nearest to `context`."""
+def read_for_run(path: str | pathlib.Path, context: int, prepacked: bool = True) -> dict:
+    """The curve of a saved `python -m bench.verify_cost` result whose context is nearest to `context`, measured
+    with the linears prepacked or not as asked where the result has both (results before prepacking: not)."""
     saved = json.loads(pathlib.Path(path).read_text())
     curves = saved.get("curves") or []
     if not curves or any("1" not in c.get("ratio", {}) for c in curves):
         raise ValueError(f"{path}: not a bench.verify_cost result (needs curves with the ratio at n = 1)")
+    curves = [c for c in curves if c.get("prepacked", False) == prepacked] or curves
     curve = min(curves, key=lambda c: abs(int(c["context"]) - context))
     return {"source": str(path), "dtype": saved.get("dtype"), "model": saved.get("model"), **curve}
 
@@ -124,7 +145,8 @@ def plot(result: dict, path: pathlib.Path) -> None:
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     for curve in result["curves"]:
         ks = [int(k) for k in curve["ratio"]]
-        ax.plot(ks, list(curve["ratio"].values()), marker="o", label=f"context {curve['context']}")
+        packing = {True: ", prepacked linears", False: ", torch's linears"}.get(curve.get("prepacked"), "")
+        ax.plot(ks, list(curve["ratio"].values()), marker="o", label=f"context {curve['context']}{packing}")
     ks = [int(k) for k in result["curves"][0]["ratio"]]
     ax.plot(ks, ks, linestyle=":", color="grey", label="t(k) = k t(1) (no gain possible)")
     ax.set_xlabel("tokens in one forward pass (k)")
@@ -149,6 +171,9 @@ def parse_args(argv=None):
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 keeps torch's default)")
+    parser.add_argument("--prepack", default="on", choices=["on", "off", "both"],
+                        help="the linears prepacked for oneDNN, as the verifier runs them (--prepack-weights; CPU "
+                             "float32 only), torch's own, or both curves in one run")
     parser.add_argument("--out", default="bench/results/verify_cost", help="writes OUT.json and OUT.png")
     return parser.parse_args(argv)
 
@@ -175,20 +200,29 @@ def main(argv=None) -> int:
         "params": sum(p.numel() for p in model.parameters()),
         "dtype": args.dtype, "device": args.device, "device_name": device_name,
         "torch": torch.__version__, "threads": torch.get_num_threads() if args.device == "cpu" else None,
-        "repeats": args.repeats, "statistic": "median, k values interleaved",
+        "repeats": args.repeats, "statistic": "median, k values (and with --prepack both, the two models) interleaved",
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "curves": [],
     }
+    packings = {"on": [True], "off": [False], "both": [False, True]}[args.prepack]
+    if True in packings and why_not(model):
+        print(f"not prepacking: {why_not(model)}")
+        packings = [False]
+    models = [copy.deepcopy(model), model] if len(packings) == 2 else [model]  # in the order of packings
+    if True in packings:
+        prepack_linears(models[-1])
     with tqdm(total=args.repeats * len(contexts), desc="verify cost", unit="sweep") as progress:
         for context in contexts:
-            result["curves"].append(measure(model, args.device, context, ks, args.repeats, args.warmup, progress))
+            curves = measure_each(models, args.device, context, ks, args.repeats, args.warmup, progress)
+            result["curves"] += [{"prepacked": prepacked, **curve} for prepacked, curve in zip(packings, curves)]
     out = pathlib.Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
     plot(result, out.with_suffix(".png"))
     for curve in result["curves"]:
         shown = ", ".join(f"{k}:{r}" for k, r in curve["ratio"].items())
-        print(f"context {curve['context']}: t(1) = {curve['t_ms']['1']} ms; t(k)/t(1) {shown}")
+        packing = "prepacked" if curve["prepacked"] else "torch's linears"
+        print(f"context {curve['context']}, {packing}: t(1) = {curve['t_ms']['1']} ms; t(k)/t(1) {shown}")
     print(f"wrote {out.with_suffix('.json')} and {out.with_suffix('.png')}")
     return 0
 

@@ -8,6 +8,7 @@ import logging
 from specdec import config as specdec_config
 from specdec import grpc_server, limits, models
 from specdec.interceptors import RequestSizeLimit
+from specdec.prepacked_linear import prepack_linears
 from specdec.service_main import exit_process, run_main, serve_until_signal
 from specdec.v1 import verifier_pb2, verifier_pb2_grpc
 from verifier_service.config import VerifierConfig
@@ -29,7 +30,10 @@ def build_engine(cfg: VerifierConfig, info) -> tuple[Engine, int]:
         return VllmEngine(cfg, bool(cfg.draft), list(info.eos_token_ids), asyncio.get_running_loop()), 0
     log.info("loading target model %s (%s, %s)", cfg.model, cfg.device, cfg.dtype)
     model = models.load_causal_lm(cfg.model, cfg.device, cfg.dtype)
-    return TransformersEngine(model, cfg.device), sum(p.numel() for p in model.parameters())
+    num_parameters = sum(p.numel() for p in model.parameters())  # before prepacking moves weights out of them
+    if cfg.prepack_weights:
+        prepack_linears(model)
+    return TransformersEngine(model, cfg.device), num_parameters
 
 
 async def serve(server_cfg: specdec_config.ServerConfig, cfg: VerifierConfig) -> None:
