@@ -27,6 +27,20 @@ def test_a_prepacked_linear_matches_torch_for_every_row_count(bias):
             torch.testing.assert_close(y, linear(x), atol=1e-5, rtol=1e-5)
 
 
+def test_a_row_comes_out_bitwise_the_same_alone_and_in_a_block():
+    """What makes a plain step and a verification agree: oneDNN computes each row alike for any row count
+    (F.linear's kernels for 1 row and for more differ in the last bits)."""
+    torch.manual_seed(0)
+    packed = PrepackedLinear(torch.nn.Linear(96, 160, bias=True))
+    x = torch.randn(300, 96)  # [rows, in]
+    with torch.inference_mode():
+        alone = torch.cat([packed(x[i:i + 1]) for i in (0, 1, 7, 299)])  # [4, out], one row at a time
+        for rows in (2, 8, 17, 300):
+            block = packed(x[:rows])  # [rows, out]
+            assert torch.equal(block[0], alone[0]) and torch.equal(block[1], alone[1])
+        assert torch.equal(block[7], alone[2]) and torch.equal(block[299], alone[3])
+
+
 def test_the_models_logits_over_a_cache_match_for_every_block_length(tiny_pair):
     """The verifier's forward: k tokens after a cached prefix, rolled back, for k = 1..9."""
     plain = load_causal_lm(str(tiny_pair[0]))
