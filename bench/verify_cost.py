@@ -205,8 +205,9 @@ def main(argv=None) -> int:
         "curves": [],
     }
     packings = {"on": [True], "off": [False], "both": [False, True]}[args.prepack]
-    if True in packings and why_not(model):
-        print(f"not prepacking: {why_not(model)}")
+    reason = why_not(model) if True in packings else ""
+    if reason:
+        print(f"not prepacking: {reason}")
         packings = [False]
     models = [copy.deepcopy(model), model] if len(packings) == 2 else [model]  # in the order of packings
     if True in packings:
