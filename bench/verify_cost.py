@@ -15,6 +15,7 @@ import argparse
 import copy
 import datetime
 import json
+import os
 import pathlib
 import platform
 import statistics
@@ -181,6 +182,8 @@ def parse_args(argv=None):
 def main(argv=None) -> int:
     from tqdm import tqdm
 
+    from bench.run import machine_info
+
     args = parse_args(argv)
     if args.max_k < 1 or args.repeats < 1:
         raise SystemExit("--max-k and --repeats must be at least 1")
@@ -202,6 +205,7 @@ def main(argv=None) -> int:
         "torch": torch.__version__, "threads": torch.get_num_threads() if args.device == "cpu" else None,
         "repeats": args.repeats, "statistic": "median, k values (and with --prepack both, the two models) interleaved",
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "machine": machine_info(torch.get_num_threads(), os.environ.get("OMP_WAIT_POLICY", "default")),  # CPU flags
         "curves": [],
     }
     packings = {"on": [True], "off": [False], "both": [False, True]}[args.prepack]
