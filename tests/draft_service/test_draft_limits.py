@@ -12,6 +12,7 @@ import pytest
 from specdec import limits
 from specdec.v1 import draft_pb2, draft_pb2_grpc
 from tests.draft_service.inprocess import draft_server
+from tests.grpc_streams import replies
 
 P = draft_pb2.ProposeRequest
 
@@ -26,19 +27,9 @@ def nxt(keep, append=(), k=2):
 
 
 async def propose(address, messages, timeout=30.0):
-    """The replies to `messages` on one Propose stream; raises AioRpcError with the draft's status if it ends the call.
-
-    Writes one message at a time and stops once the draft has ended the call: fed from a request iterator, a write
-    that raced the draft's end surfaced as INTERNAL ("Internal error from Core") instead of the draft's status."""
+    """The replies to `messages` on one Propose stream; raises AioRpcError with the draft's status if it ends the call."""
     async with grpc.aio.insecure_channel(address) as channel:
-        call = draft_pb2_grpc.DraftServiceStub(channel).Propose(timeout=timeout)
-        try:
-            for message in messages:
-                await call.write(message)
-            await call.done_writing()
-        except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
-            pass  # the draft ended the call; reading gives its status
-        return [reply async for reply in call]
+        return await replies(draft_pb2_grpc.DraftServiceStub(channel).Propose(timeout=timeout), messages)
 
 
 def test_the_targets_context_caps_the_sequence_before_any_work():

@@ -22,6 +22,7 @@ from specdec.config import ServerConfig
 from specdec.interceptors import INTERNAL_TOKEN_KEY
 from specdec.v1 import draft_pb2, draft_pb2_grpc
 from tests.draft_service.inprocess import draft_server
+from tests.grpc_streams import replies
 from tests.log_records import logged_errors
 
 TOKEN = "internal-token-for-tests-3f9a1c"
@@ -38,7 +39,7 @@ async def raw(channel, kind: str, method: str, payload: bytes, metadata=()):
         return await channel.unary_unary(method)(payload, timeout=10, metadata=metadata)
     if kind == "server-stream":
         return [m async for m in channel.unary_stream(method)(payload, timeout=10, metadata=metadata)]
-    return [m async for m in channel.stream_stream(method)(iter([payload]), timeout=10, metadata=metadata)]
+    return await replies(channel.stream_stream(method)(timeout=10, metadata=metadata), [payload])
 
 
 # (kind, method, a message with invalid UTF-8 in a string field)
@@ -79,7 +80,7 @@ def test_internal_services_need_the_token_and_health_stays_open(tmp_path):
                 stub = draft_pb2_grpc.DraftServiceStub(channel)
                 for metadata in [(), ((INTERNAL_TOKEN_KEY, TOKEN[:-1]),), (("authorization", f"Bearer {TOKEN}"),)]:
                     for call in (lambda: stub.GetDraftInfo(draft_pb2.GetDraftInfoRequest(), metadata=metadata),
-                                 lambda: _all(stub.Propose(iter([start]), metadata=metadata))):
+                                 lambda: replies(stub.Propose(metadata=metadata), [start])):
                         with pytest.raises(grpc.aio.AioRpcError) as raised:
                             await call()
                         assert raised.value.code() == grpc.StatusCode.UNAUTHENTICATED
@@ -92,16 +93,12 @@ def test_internal_services_need_the_token_and_health_stays_open(tmp_path):
             try:
                 info = await draft_pb2_grpc.DraftServiceStub(channel).GetDraftInfo(draft_pb2.GetDraftInfoRequest())
                 assert info.method == "ngram"
-                replies = await _all(draft_pb2_grpc.DraftServiceStub(channel).Propose(iter([start])))
-                assert replies == []
+                answers = await replies(draft_pb2_grpc.DraftServiceStub(channel).Propose(), [start])
+                assert answers == []
             finally:
                 await channel.close()
 
     asyncio.run(scenario())
-
-
-async def _all(call):
-    return [message async for message in call]
 
 
 @pytest.mark.parametrize("content,words", [("", "is empty"), ("short", "at least 16"),
