@@ -25,6 +25,7 @@ import torch
 
 from specdec.kv_cache import new_cache, rollback_cache
 from specdec.models import DTYPES, load_causal_lm
+from specdec.gqa_attention import use_sdpa_gqa
 from specdec.prepacked_linear import prepack_linears, why_not
 
 # Random-initialised stand-ins for real targets: only the shapes matter for cost.
@@ -48,6 +49,7 @@ def build_random_model(name: str, device: str, dtype: str):
             model = LlamaForCausalLM(config)
     finally:
         torch.set_default_dtype(previous)
+    use_sdpa_gqa(model)  # as models.load_causal_lm does
     return model.eval()
 
 
@@ -147,7 +149,8 @@ def plot(result: dict, path: pathlib.Path) -> None:
     for curve in result["curves"]:
         ks = [int(k) for k in curve["ratio"]]
         packing = {True: ", prepacked linears", False: ", torch's linears"}.get(curve.get("prepacked"), "")
-        ax.plot(ks, list(curve["ratio"].values()), marker="o", label=f"context {curve['context']}{packing}")
+        attention = f", {curve['attention']}" if "attention" in curve else ""
+        ax.plot(ks, list(curve["ratio"].values()), marker="o", label=f"context {curve['context']}{packing}{attention}")
     ks = [int(k) for k in result["curves"][0]["ratio"]]
     ax.plot(ks, ks, linestyle=":", color="grey", label="t(k) = k t(1) (no gain possible)")
     ax.set_xlabel("tokens in one forward pass (k)")
@@ -175,6 +178,9 @@ def parse_args(argv=None):
     parser.add_argument("--prepack", default="on", choices=["on", "off", "both"],
                         help="the linears prepacked for oneDNN, as the verifier runs them (--prepack-weights; CPU "
                              "float32 only), torch's own, or both curves in one run")
+    parser.add_argument("--attention", default="sdpa_gqa", choices=["sdpa_gqa", "sdpa", "both"],
+                        help="attention as the verifier runs it (sdpa_gqa: no copies of grouped keys and values on "
+                             "CPU, specdec/gqa_attention.py), transformers' sdpa, or both curves in one run")
     parser.add_argument("--out", default="bench/results/verify_cost", help="writes OUT.json and OUT.png")
     return parser.parse_args(argv)
 
@@ -203,23 +209,33 @@ def main(argv=None) -> int:
         "params": sum(p.numel() for p in model.parameters()),
         "dtype": args.dtype, "device": args.device, "device_name": device_name,
         "torch": torch.__version__, "threads": torch.get_num_threads() if args.device == "cpu" else None,
-        "repeats": args.repeats, "statistic": "median, k values (and with --prepack both, the two models) interleaved",
+        "repeats": args.repeats, "statistic": "median, k values (and with --prepack or --attention both, the two models) interleaved",
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "machine": machine_info(torch.get_num_threads(), os.environ.get("OMP_WAIT_POLICY", "default")),  # CPU flags
         "curves": [],
     }
     packings = {"on": [True], "off": [False], "both": [False, True]}[args.prepack]
+    attentions = {"sdpa_gqa": ["sdpa_gqa"], "sdpa": ["sdpa"], "both": ["sdpa", "sdpa_gqa"]}[args.attention]
+    if len(packings) == 2 and len(attentions) == 2:
+        raise SystemExit("compare one thing at a time: --prepack both or --attention both")
     reason = why_not(model) if True in packings else ""
     if reason:
         print(f"not prepacking: {reason}")
         packings = [False]
-    models = [copy.deepcopy(model), model] if len(packings) == 2 else [model]  # in the order of packings
-    if True in packings:
-        prepack_linears(models[-1])
+    variants = [(packing, attention) for packing in packings for attention in attentions]  # (prepacked, attention)
+    models = [copy.deepcopy(model) for _ in variants[1:]] + [model]  # copied before any change
+    for (packing, attention), variant in zip(variants, models):
+        if attention == "sdpa_gqa":
+            use_sdpa_gqa(variant)
+        elif variant.config._attn_implementation == "sdpa_gqa":
+            variant.set_attn_implementation("sdpa")
+        if packing:
+            prepack_linears(variant)
     with tqdm(total=args.repeats * len(contexts), desc="verify cost", unit="sweep") as progress:
         for context in contexts:
             curves = measure_each(models, args.device, context, ks, args.repeats, args.warmup, progress)
-            result["curves"] += [{"prepacked": prepacked, **curve} for prepacked, curve in zip(packings, curves)]
+            result["curves"] += [{"prepacked": packing, "attention": variant.config._attn_implementation, **curve}
+                                 for (packing, _), variant, curve in zip(variants, models, curves)]
     out = pathlib.Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
@@ -227,7 +243,7 @@ def main(argv=None) -> int:
     for curve in result["curves"]:
         shown = ", ".join(f"{k}:{r}" for k, r in curve["ratio"].items())
         packing = "prepacked" if curve["prepacked"] else "torch's linears"
-        print(f"context {curve['context']}, {packing}: t(1) = {curve['t_ms']['1']} ms; t(k)/t(1) {shown}")
+        print(f"context {curve['context']}, {packing}, {curve['attention']}: t(1) = {curve['t_ms']['1']} ms; t(k)/t(1) {shown}")
     print(f"wrote {out.with_suffix('.json')} and {out.with_suffix('.png')}")
     return 0
 

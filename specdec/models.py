@@ -9,6 +9,7 @@ import pathlib
 
 import torch
 
+from specdec.gqa_attention import use_sdpa_gqa
 from specdec.v1 import common_pb2
 
 log = logging.getLogger(__name__)
@@ -71,7 +72,9 @@ def load_causal_lm(path: str, device: str = "cpu", dtype: str = "float32"):
             f"cannot load a causal LM from {path!r}: {exc}. Pass --model a local model directory "
             "(run `make model` for the default SmolLM2-135M-Instruct)."
         ) from exc
-    return model.to(device).eval()
+    model = model.to(device).eval()
+    use_sdpa_gqa(model)  # a verified block's attention without copies of the cache on CPU; bitwise the same
+    return model
 
 
 def load_config_only(path: str):

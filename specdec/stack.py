@@ -160,9 +160,12 @@ def running_stack(target_dir, draft_dir=None, method: str = "ngram", verifier_ar
             "verifier_service", ["--model", str(target_dir), "--draft", services["draft"].address, *verifier_args],
             env, log_dir, *ports.get("verifier", (0, 0)), python=verifier_python)
         http = ["--http-port", str(ports["gateway_http"])] if "gateway_http" in ports else []
+        # The gateway starts beside the verifier and waits for it: as long as this waits for all three (a vLLM
+        # verifier on a loaded 2-core machine took over the gateway's default 60 s); gateway_args may override it.
         services["gateway"] = Service(
             "gateway", ["--model", str(target_dir), "--verifier", services["verifier"].address,
-                        "--draft", services["draft"].address, *http, *gateway_args], env,
+                        "--draft", services["draft"].address, "--peer-wait-s", str(timeout_s), *http, *gateway_args],
+            env,
             log_dir, *ports.get("gateway", (0, 0)))
         for service in services.values():
             try:
