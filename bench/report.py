@@ -167,6 +167,12 @@ def machine_lines(result: dict) -> list[str]:
         lines += ["", f"Verify cost (one target forward over n tokens against one, context {verify['context']}, "
                       f"{verify['source']}): **t(4)/t(1) = {verify_t4(result):.2f}**; {shown}. A round that drafts "
                       "k tokens verifies k + 1."]
+        if verify.get("measurements"):
+            start, end = (m["t_ms"]["1"] for m in verify["measurements"])
+            step = verify.get("stack_step_ms")
+            lines.append(f"Measured before and after the run (t(1) {start:.0f} / {end:.0f} ms; `off`'s step in the stack "
+                         + (f"{step:.0f} ms): the {verify['when']}'s curve is used, its t(1) the nearer to the stack's."
+                            if step else "not measured): the start's curve is used."))
         curve = {int(n): float(v) for n, v in ratio.items()}
         k, best = speedup_model.ceiling(curve)
         lines.append(f"Ceiling of the speedup model on this curve (every draft token accepted, no overhead, no "

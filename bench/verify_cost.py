@@ -124,12 +124,14 @@ def measure_for_run(model, context: int, ns=RUN_NS, repeats: int = 8, warmup: in
 
 def read_for_run(path: str | pathlib.Path, context: int, prepacked: bool = True) -> dict:
     """The curve of a saved `python -m bench.verify_cost` result whose context is nearest to `context`, measured
-    with the linears prepacked or not as asked where the result has both (results before prepacking: not)."""
+    with the linears prepacked or not as asked where the result has both (results before prepacking: not), and
+    with the verifier's attention (`sdpa_gqa`) where the result has both (results before it: transformers' sdpa)."""
     saved = json.loads(pathlib.Path(path).read_text())
     curves = saved.get("curves") or []
     if not curves or any("1" not in c.get("ratio", {}) for c in curves):
         raise ValueError(f"{path}: not a bench.verify_cost result (needs curves with the ratio at n = 1)")
     curves = [c for c in curves if c.get("prepacked", False) == prepacked] or curves
+    curves = [c for c in curves if c.get("attention") == "sdpa_gqa"] or curves
     curve = min(curves, key=lambda c: abs(int(c["context"]) - context))
     return {"source": str(path), "dtype": saved.get("dtype"), "model": saved.get("model"), **curve}
 

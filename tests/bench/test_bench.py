@@ -120,6 +120,20 @@ def test_rows_predict_with_the_measured_verify_cost():
     assert ngram["implementation_efficiency"] > 1.4  # measured 2.0x: more than this model allows
 
 
+def test_the_curve_kept_is_the_one_whose_t1_is_nearest_the_stacks_step():
+    from bench.run import pick_curve
+
+    def curve(t1, t4):
+        return {"context": 200, "source": "measured", "t_ms": {"1": t1, "4": t4}, "ratio": {"1": 1.0, "4": t4 / t1}}
+
+    slow_start, end = curve(210.0, 223.0), curve(115.0, 150.0)  # a slow spell during the first measurement
+    kept = pick_curve(slow_start, end, step_ms=118.0)
+    assert kept["when"] == "end" and kept["ratio"]["4"] == end["ratio"]["4"] and kept["stack_step_ms"] == 118.0
+    assert [m["t_ms"]["1"] for m in kept["measurements"]] == [210.0, 115.0]
+    assert pick_curve(end, slow_start, step_ms=118.0)["when"] == "start"
+    assert pick_curve(slow_start, end, step_ms=None)["when"] == "start"  # nothing to judge by: the first
+
+
 def test_markdown_and_plot(tmp_path):
     result = {"machine": {"cpu": "x", "cores": 2}, "model": "/m/smol", "dtype": "bfloat16", "date": "2025-01-01",
               "config": {"repeats": 3}, "rows": report.build_rows(_samples())}
@@ -189,6 +203,7 @@ def test_tiny_run_with_suffix_writes_latest_json_md_png(tiny_pair, tmp_path):
     assert isinstance(latest["machine"]["cpu_flags"], list)
     verify = latest["verify_cost"]
     assert verify["ratio"]["1"] == 1.0 and {"4", "17"} <= set(verify["ratio"]) and "in-process" in verify["source"]
+    assert [m["when"] for m in verify["measurements"]] == ["start", "end"] and verify["stack_step_ms"] > 0
     methods = ("off", "ngram", "ngram_k4", "suffix", "suffix_k4", "hf_greedy", "hf_prompt_lookup")
     assert {(r["workload"], r["method"]) for r in latest["rows"]} == {
         (w, m) for w in ("extraction", "chat") for m in methods}

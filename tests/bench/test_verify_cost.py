@@ -26,6 +26,7 @@ def test_attention_both_measures_the_two_attentions_side_by_side(tmp_path):
                              "--warmup", "1", "--contexts", "8", "--attention", "both", "--out", str(out)]) == 0
     curves = json.loads(out.with_suffix(".json").read_text())["curves"]
     assert [(curve["attention"], curve["prepacked"]) for curve in curves] == [("sdpa", True), ("sdpa_gqa", True)]
+    assert verify_cost.read_for_run(out.with_suffix(".json"), 200)["attention"] == "sdpa_gqa"  # as the verifier runs
     with pytest.raises(SystemExit, match="one thing at a time"):
         verify_cost.main(["--config", "llama-tiny", "--dtype", "float32", "--prepack", "both", "--attention", "both",
                           "--out", str(out)])
