@@ -23,9 +23,9 @@ import time
 
 import torch
 
+from specdec.gqa_attention import use_sdpa_gqa
 from specdec.kv_cache import new_cache, rollback_cache
 from specdec.models import DTYPES, load_causal_lm
-from specdec.gqa_attention import use_sdpa_gqa
 from specdec.prepacked_linear import prepack_linears, why_not
 
 # Random-initialised stand-ins for real targets: only the shapes matter for cost.

@@ -16,11 +16,7 @@ bias, a paged cache, or heads that are not grouped.
 
 from __future__ import annotations
 
-import logging
-
 import torch
-
-log = logging.getLogger(__name__)
 
 NAME = "sdpa_gqa"
 

@@ -17,10 +17,10 @@ def test_the_verifiers_model_loads_with_it(tiny_pair):
     assert model.config._attn_implementation == NAME
 
 
-@pytest.mark.parametrize("prepacked", [False, True])
-def test_a_blocks_logits_over_a_cache_are_bitwise_sdpas(tiny_pair, prepacked):
+@pytest.mark.parametrize("dtype,prepacked", [("float32", False), ("float32", True), ("bfloat16", False)])
+def test_a_blocks_logits_over_a_cache_are_bitwise_sdpas(tiny_pair, dtype, prepacked):
     """The verifier's forward (k tokens after a cached prefix, rolled back) and a first prefill, both ways."""
-    ours = load_causal_lm(str(tiny_pair[0]))
+    ours = load_causal_lm(str(tiny_pair[0]), dtype=dtype)
     theirs = copy.deepcopy(ours)
     theirs.set_attn_implementation("sdpa")
     if prepacked:  # as the verifier runs it (a prepacked model cannot be copied)
