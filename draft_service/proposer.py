@@ -27,14 +27,21 @@ class DraftSequence(abc.ABC):
         self.tokens: list[int] = []
         self._extend(list(prompt_ids))
 
-    def update(self, keep_length: int, append_token_ids: list[int]) -> None:
-        """Roll back to keep_length tokens (explicit), then append the target's tokens."""
+    def update(self, keep_length: int, append_token_ids: list[int], assumed: bool = False) -> None:
+        """Roll back to keep_length tokens (explicit), then append the target's tokens.
+
+        assumed: the sync is the draft's own guess of the verifier's next one (drafting ahead: the last block
+        accepted whole, and the draft's guess of the target's token), so a later update may roll back below
+        it. `confirm` says when the verifier's real sync turned out the same."""
         if keep_length > len(self.tokens):
             raise ProposerError(f"keep_length {keep_length} is past the draft's sequence length {len(self.tokens)}")
         if keep_length < len(self.tokens):
             self._truncate(keep_length)
         if append_token_ids:
             self._extend(list(append_token_ids))
+
+    def confirm(self, length: int) -> None:
+        """The verifier's sync matched the assumed one: tokens[:length] are the prompt and the target's tokens."""
 
     @abc.abstractmethod
     def propose(self, k: int) -> DraftBlock:

@@ -76,7 +76,9 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
                 sync = request.next
                 await self._check_next(sequence, sync, context, longest, ahead)
                 if ahead is not None and ahead.sync(sync):
-                    # the block sent ahead answers this round: confirm it (the verifier needs nothing else)
+                    # the block sent ahead answers this round: confirm it (the verifier needs nothing else), and
+                    # the assumed sync it rested on is now the target's
+                    await self._run(sequence.confirm, sync.keep_length + len(sync.append_token_ids))
                     yield draft_pb2.ProposeResponse(round=sync.round, answered_ahead=True,
                                                     sequence_length=len(sequence.tokens))
                 else:
@@ -151,7 +153,7 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
         if plan is None:
             return []
         keep, append, k = plan
-        proposal = await self._propose(sequence, keep, append, k + 1, context, k)
+        proposal = await self._propose(sequence, keep, append, k + 1, context, k, assumed=True)
         if not proposal.token_ids:
             return []
         ahead.sent(keep, append, Block(keep + len(append), list(proposal.token_ids), k))
@@ -160,12 +162,12 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
         return inject_ahead_fault(self.config.inject_ahead_fault, message, self.info.vocab_size)
 
     async def _propose(self, sequence: DraftSequence, keep: int, append: list[int], n: int, context,
-                       k: int) -> DraftBlock:
+                       k: int, assumed: bool = False) -> DraftBlock:
         if self.config.inject_delay_ms:
             await asyncio.sleep(self.config.inject_delay_ms / 1000)
         started = time.perf_counter()
         try:
-            proposal = await self._run(self._step, sequence, keep, append, n)
+            proposal = await self._run(self._step, sequence, keep, append, n, assumed)
         except ProposerError as exc:  # the proposer's own refusal
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"next: {exc}")
         trace.get_current_span().add_event("propose", {
@@ -183,8 +185,8 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
                                          round=round_, num_chained=proposal.num_chained)
 
     @staticmethod
-    def _step(sequence: DraftSequence, keep_length: int, append: list[int], n: int) -> DraftBlock:
-        sequence.update(keep_length, append)
+    def _step(sequence: DraftSequence, keep_length: int, append: list[int], n: int, assumed: bool) -> DraftBlock:
+        sequence.update(keep_length, append, assumed)
         return sequence.propose(n) if n else DraftBlock.empty()
 
     async def _run(self, fn, *args):

@@ -111,6 +111,42 @@ def test_rollback_removes_unverified_tokens_from_the_request_tree():
     seq._tree.check([seq.tokens], refs=[seq.tokens])
 
 
+def test_an_assumed_sync_is_indexed_only_once_the_verifier_confirms_it():
+    # drafting ahead: the draft syncs itself to its guess of the next sync (its block accepted whole, then its
+    # guess of the target's token); a miss rolls back below it, which must not rebuild the request's tree
+    suffix = proposer()
+    prompt = [1, 2, 3, 1, 2]
+    seq = start(suffix, prompt)
+    tree = seq._tree
+    assert seq.propose(2).token_ids == [3, 1]
+    seq.update(7, [2], assumed=True)  # the guess: both accepted, then the target says 2
+    assert seq.verified_length == 5  # nothing of the guess is indexed
+    seq.propose(2)  # the block drafted ahead from the guess
+    seq.update(6, [1])  # the real sync: 1 kept, then the target's 1 (a miss)
+    assert seq._tree is tree and seq.verified_length == 7  # no rebuild; the real tokens indexed
+    seq._tree.check([seq.tokens], refs=[seq.tokens])
+    fresh = start(proposer(), [1, 2, 3, 1, 2, 3, 1])
+    block = seq.propose(2).token_ids
+    assert len(block) == 2 and block == fresh.propose(2).token_ids
+
+    seq.update(9, [4], assumed=True)  # guess again; this time the real sync is the same: a hit
+    seq.propose(2)
+    seq.confirm(10)
+    assert seq.verified_length == 10 and seq.tokens[:10] == [1, 2, 3, 1, 2, 3, 1, *block, 4]
+    seq._tree.check([seq.tokens[:10]], refs=[seq.tokens])
+
+
+def test_a_missed_guess_never_enters_the_cache():
+    suffix = proposer()
+    seq = start(suffix, [100])
+    seq.update(1, [1, 2])
+    seq.update(3, [7, 7], assumed=True)  # a guess the verifier never confirms
+    seq.update(3, [3])  # the real sync; the stream ends
+    seq.finish()
+    seq.close()
+    assert suffix.cache.outputs("") == [[1, 2, 3]]
+
+
 def test_the_cache_wins_with_a_longer_match():
     suffix = proposer()
     generate(suffix, [100], [9, 1, 2, 5, 6])

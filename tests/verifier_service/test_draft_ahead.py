@@ -136,3 +136,38 @@ def test_propose_ahead_chooses_which_proposers_draft_ahead(mode, inline, drafts_
 
     servicer = DraftServicer(types.SimpleNamespace(inline=inline, method="x"), INFO, DraftConfig(propose_ahead=mode))
     assert servicer._ahead_pays() is drafts_ahead
+
+
+def test_a_suffix_draft_ahead_learns_only_the_target_tokens_and_never_rebuilds_its_tree(monkeypatch):
+    """Drafting ahead, the suffix draft syncs itself to its own guesses; a miss rolls back below them. Only the
+    target's tokens are indexed (the guesses once confirmed), so no miss rebuilds the request's tree, and the
+    finished output the cache keeps is exactly the target's."""
+    from draft_service import suffix as suffix_module
+    from draft_service.suffix import SuffixConfig, SuffixProposer
+
+    rebuilds = []
+    real_tree = suffix_module.SuffixTree
+    monkeypatch.setattr(suffix_module, "SuffixTree", lambda depth: rebuilds.append(depth) or real_tree(depth))
+    proposer = SuffixProposer(SuffixConfig(suffix_scope="global"))
+
+    async def main():
+        async with draft_server(proposer=proposer) as (address, servicer):
+            link = DraftLink(address, ServerConfig(), target(), timeout_s=5.0)
+            session = link.session("r", SamplingParams())
+            try:
+                seen, tokens = await run_rounds(session, 8, 4, accept=lambda i, b: 1 if i in (2, 5) else 99)
+                counts = session.ahead
+                session.close(tokens)
+                for _ in range(100):  # the close drains in the background
+                    if proposer.cache.cached_requests:
+                        break
+                    await asyncio.sleep(0.02)
+                return seen, tokens, counts
+            finally:
+                await link.close()
+
+    seen, tokens, counts = asyncio.run(main())
+    assert tokens == [truth(i) for i in range(len(tokens))]
+    assert counts.used >= 3 and counts.discarded >= 2, (counts.used, counts.discarded)  # hits and misses both
+    assert len(rebuilds) == 1  # the sequence's first tree, never rebuilt
+    assert proposer.cache.outputs("") == [tokens[2 * len(PATTERN):]]
