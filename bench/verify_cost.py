@@ -26,7 +26,7 @@ import torch
 from specdec.gqa_attention import use_sdpa_gqa
 from specdec.kv_cache import new_cache, rollback_cache
 from specdec.models import DTYPES, load_causal_lm
-from specdec.prepacked_linear import prepack_linears, why_not
+from specdec.prepacked_linear import is_prepacked, prepack_linears, why_not
 
 # Random-initialised stand-ins for real targets: only the shapes matter for cost.
 CONFIGS = {
@@ -112,9 +112,10 @@ RUN_NS = (1, 2, 3, 4, 5, 6, 8, 10, 13, 17)
 
 def measure_for_run(model, context: int, ns=RUN_NS, repeats: int = 8, warmup: int = 2, prepack: bool = True) -> dict:
     """The curve a benchmark run uses, measured in-process on the run's target (CPU, the run's threads), with
-    the linears prepacked as the verifier prepacks them (`--prepack-weights`; on a copy: `model` stays as it is)."""
-    prepacked = prepack and not why_not(model)
-    if prepacked:
+    the linears prepacked as the verifier prepacks them (`--prepack-weights`; on a copy: `model` stays as it is;
+    a model already prepacked is measured as it is)."""
+    prepacked = is_prepacked(model) or (prepack and not why_not(model))
+    if prepacked and not is_prepacked(model):
         model = copy.deepcopy(model)
         prepack_linears(model)
     curve = measure(model, "cpu", context, list(ns), repeats, warmup)

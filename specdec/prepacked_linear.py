@@ -67,6 +67,11 @@ def why_not(model: torch.nn.Module) -> str:
     return ""
 
 
+def is_prepacked(model: torch.nn.Module) -> bool:
+    """Whether prepack_linears() has already run on `model`."""
+    return any(isinstance(module, PrepackedLinear) for module in model.modules())
+
+
 def prepack_linears(model: torch.nn.Module) -> int:
     """Replace every torch.nn.Linear in `model` by a PrepackedLinear, in place; the number replaced.
 

@@ -255,6 +255,8 @@ def test_advisor_on_tiny_pair_compares_proposers(tiny_pair, tmp_path, capsys):
                  "--dtype", "float32"]) == 0
     out = capsys.readouterr().out
     assert "tokenizer: compatible" in out and "memory total" in out
+    # every measurement runs the target as the verifier does: prepacked in float32 (curve and loop alike)
+    assert "linears prepacked for oneDNN, as the verifier runs them" in out
     assert "verify cost (measured in-process" in out and "t(4)/t(1) = " in out
     for name in ("ngram", "suffix", "model"):
         assert f"\n{name}: c = " in out
@@ -267,6 +269,7 @@ def test_advisor_on_tiny_pair_compares_proposers(tiny_pair, tmp_path, capsys):
                  "--no-measure"]) == 0
     out = capsys.readouterr().out
     assert "no-model drafts: suffix" in out and "\nsuffix: c = " in out and "ngram: c" not in out
+    assert "linears not prepacked (the model is in bfloat16" in out  # the default dtype
     assert "measured in-process (" not in out
 
 

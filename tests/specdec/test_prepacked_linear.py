@@ -7,7 +7,7 @@ import torch
 
 from specdec.kv_cache import new_cache, rollback_cache
 from specdec.models import load_causal_lm
-from specdec.prepacked_linear import PrepackedLinear, prepack_linears, why_not
+from specdec.prepacked_linear import PrepackedLinear, is_prepacked, prepack_linears, why_not
 
 
 def linears(model) -> list[str]:
@@ -84,6 +84,13 @@ def test_a_model_that_cannot_be_prepacked_is_left_as_it_is(tiny_pair):
     assert prepack_linears(model) == 0
     assert linears(model) == before
     assert why_not(torch.nn.Module()) == "the model has no parameters"
+
+
+def test_is_prepacked_tells_a_prepacked_model_from_a_plain_one(tiny_pair):
+    model = load_causal_lm(str(tiny_pair[0]))
+    assert not is_prepacked(model)
+    assert prepack_linears(model) > 0
+    assert is_prepacked(model)
 
 
 def test_the_verifier_prepacks_by_default_and_not_when_told(tiny_pair):
