@@ -114,8 +114,9 @@ def measure_for_run(model, context: int, ns=RUN_NS, repeats: int = 8, warmup: in
     """The curve a benchmark run uses, measured in-process on the run's target (CPU, the run's threads), with
     the linears prepacked as the verifier prepacks them (`--prepack-weights`; on a copy: `model` stays as it is;
     a model already prepacked is measured as it is)."""
-    prepacked = is_prepacked(model) or (prepack and not why_not(model))
-    if prepacked and not is_prepacked(model):
+    already = is_prepacked(model)
+    prepacked = already or (prepack and not why_not(model))
+    if prepacked and not already:
         model = copy.deepcopy(model)
         prepack_linears(model)
     curve = measure(model, "cpu", context, list(ns), repeats, warmup)
