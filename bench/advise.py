@@ -294,12 +294,17 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from bench import replay, verify_cost
+    from bench.run import machine_info
 
     from specdec.models import describe, load_causal_lm, load_tokenizer, tokenizer_mismatch
     from specdec.prepacked_linear import is_prepacked
 
     if args.threads:
         torch.set_num_threads(args.threads)
+    machine = machine_info(torch.get_num_threads(), os.environ["OMP_WAIT_POLICY"])
+    print(f"machine: {machine['cpu']}, {machine['cores']} cores, torch threads {machine['threads']}; CPU flags "
+          f"{', '.join(machine['cpu_flags']) or '-'} (torch CPU capability {machine['torch_cpu_capability']}, "
+          f"amx_bf16 {machine['amx_bf16']})")
     target_tok = load_tokenizer(args.target)
     target = load_causal_lm(args.target, dtype=args.dtype)
     target_info = describe(args.target, target_tok, target)

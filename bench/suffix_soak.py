@@ -14,13 +14,13 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
-import platform
 import random
 import time
 
 import grpc
 from tqdm import tqdm
 
+from bench.suffix_cost import machine
 from specdec.stack import Service, scrape_metrics, wait_serving
 from specdec.v1 import common_pb2, draft_pb2, draft_pb2_grpc
 
@@ -89,7 +89,7 @@ def soak(model_dir: str, requests: int, max_cached_tokens: int, seed: int = 0, l
         service.stop()
     evictions = sum(v for (name, _), v in metrics.items() if name == "specdec_draft_suffix_evictions_total")
     return {
-        "machine": {"cpu": platform.processor() or platform.machine(), "python": platform.python_version()},
+        "machine": machine(),  # the CPU and its flags, as bench.suffix_cost records them
         "requests": requests, "max_cached_tokens": max_cached_tokens, "seconds": round(time.perf_counter() - started, 1),
         "proposed_tokens": proposed, "cached_tokens": metrics.get(("specdec_draft_suffix_cached_tokens", ()), 0),
         "evictions": evictions, "rss_mib_when_full": baseline, "full_after_requests": baseline_at,

@@ -255,6 +255,7 @@ def test_advisor_on_tiny_pair_compares_proposers(tiny_pair, tmp_path, capsys):
                  "--dtype", "float32"]) == 0
     out = capsys.readouterr().out
     assert "tokenizer: compatible" in out and "memory total" in out
+    assert "machine: " in out and "CPU flags " in out  # every result names its machine
     # every measurement runs the target as the verifier does: prepacked in float32 (curve and loop alike)
     assert "linears prepacked for oneDNN, as the verifier runs them" in out
     assert "verify cost (measured in-process" in out and "t(4)/t(1) = " in out
