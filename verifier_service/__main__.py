@@ -33,7 +33,7 @@ def build_engine(cfg: VerifierConfig, info) -> tuple[Engine, int]:
     num_parameters = sum(p.numel() for p in model.parameters())  # before prepacking moves weights out of them
     if cfg.prepack_weights:
         prepack_linears(model)
-    return TransformersEngine(model, cfg.device), num_parameters
+    return TransformersEngine(model, cfg.device, cfg.prefill_chunk_tokens, cfg.max_prefill_tokens), num_parameters
 
 
 async def serve(server_cfg: specdec_config.ServerConfig, cfg: VerifierConfig) -> None:

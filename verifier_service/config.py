@@ -33,7 +33,18 @@ class VerifierConfig(ModelConfig):
     draft_wait_s: float = option(30.0, "at start-up, wait this long for the draft to check its tokenizer")
     max_sequences: int = option(64, "live sequences at most; more get RESOURCE_EXHAUSTED")
     max_cache_tokens: int = option(262144, "tokens (prompt + max_tokens, reserved) in all KV caches at most")
-    sequence_ttl_s: float = option(300.0, "a sequence idle this long is dropped and its cache freed")
+    sequence_ttl_s: float = option(
+        300.0, "a call whose client has not taken its next message for this long (the response write blocked by "
+               "flow control: the client stopped reading) is ended with DEADLINE_EXCEEDED and its cache freed; "
+               "time spent waiting for compute, for the draft or for prefill admission never counts")
+    prefill_chunk_tokens: int = option(
+        128, "--engine transformers: prompt tokens per prefill job on the compute thread; other sequences' rounds "
+             "run between a long prompt's chunks, so it delays them by about one chunk's forward pass, and a "
+             "cancelled call stops between chunks (0: the whole prompt in one job)")
+    max_prefill_tokens: int = option(
+        1024, "--engine transformers: prompt tokens prefilling at once at most (prompts that fit in one chunk are "
+              "not counted); a request past it waits, first come first served, without a status and without "
+              "being reaped, until earlier prefills finish; a larger prompt is admitted alone (0: no limit)")
     vllm_kv_cache_gib: int = option(1, "--engine vllm on CPU: KV cache space in GiB (VLLM_CPU_KVCACHE_SPACE)")
     vllm_max_model_len: int = option(0, "--engine vllm: context length (0: the model's)")
     vllm_compile: bool = option(False, "--engine vllm: torch.compile / CUDA graphs (slower start, faster steps)")

@@ -1,15 +1,16 @@
 """The reference engine: a transformers causal LM with one KV cache per sequence, and its round loop.
 
 Sequence state is a position over a cache. Invariant: the cache holds K/V for
-tokens[:cached_length], and cached_length == len(tokens) - 1, so exactly one
-token (the last one emitted) is pending. A round feeds [pending, d_1..d_k] in one
+tokens[:cached_length]. Prefill advances the position over the prompt a chunk at a
+time until cached_length == len(tokens) - 1; from then on exactly one token (the
+last one emitted) is pending. A round feeds [pending, d_1..d_k] in one
 forward pass, which yields the target's logits after the prefix and after each
 draft token (k + 1 rows). Rollback is an explicit crop back to the accepted
 length; nothing is recomputed.
 
 The round loop (`rounds`) reads like the papers' pseudo-code:
 
-    state = start(prompt)                                  # prefill
+    state = await prefill(prompt)                          # in chunks, other sequences' rounds between them
     loop:
         k       = speculation.block_size(...)              # adaptive, per request
         block   = await speculation.propose(tokens, k)     # over the Propose stream; empty on failure
@@ -19,12 +20,17 @@ The round loop (`rounds`) reads like the papers' pseudo-code:
         yield verdict.emitted                              # the caller applies EOS/stop/max_tokens
 
 Model work runs on one compute thread: the model is not re-entrant, and torch has its own threads.
+Each prefill chunk and each round is one job on it, taken in arrival order, so a long prompt delays
+another sequence's round by one chunk, not by its whole prefill (vLLM's chunked prefill, one row at a
+time). A cancelled call stops between chunks. How many prompt tokens prefill at once is bounded by a
+PrefillGate (prefill_gate.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import dataclasses
 import time
 import typing
@@ -36,6 +42,7 @@ from specdec.draft_block import DraftBlock
 from specdec.kv_cache import new_cache, rollback_cache
 from specdec.sampling import SamplingParams, make_generator, probs_from_logits
 from verifier_service.decode_loop import DecodeSpec
+from verifier_service.prefill_gate import PrefillGate
 from verifier_service.rejection_sampler import Verdict, greedy_verify, rejection_sample
 from verifier_service.speculation import RequestSpeculation, Round
 
@@ -52,6 +59,11 @@ class SequenceState:
     def pending(self) -> int:
         return self.tokens[-1]
 
+    @property
+    def prefilled(self) -> bool:
+        """Whether every token but the pending one is in the cache (rounds may start)."""
+        return self.cached_length >= len(self.tokens) - 1
+
 
 class TransformersEngine:
     """Scores draft blocks with a transformers model, on CPU or CUDA."""
@@ -59,17 +71,21 @@ class TransformersEngine:
     name = "transformers"
     takes_draft_probs = True
 
-    def __init__(self, model, device: str = "cpu"):
+    def __init__(self, model, device: str = "cpu", prefill_chunk_tokens: int = 0, max_prefill_tokens: int = 0):
+        """prefill_chunk_tokens: prompt tokens per prefill job (0: the whole prompt in one job);
+        max_prefill_tokens: the PrefillGate's budget (0: no limit)."""
         self.model = model
         self.device = torch.device(device)
         self.vocab_size = int(model.config.vocab_size)
         self.max_context = models.max_context(model)
+        self.prefill_chunk_tokens = prefill_chunk_tokens
+        self.prefill_gate = PrefillGate(max_prefill_tokens)
         self._compute = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="verify-compute")
 
     async def rounds(self, spec: DecodeSpec, speculation: RequestSpeculation) -> typing.AsyncIterator[list[int]]:
         """The engine contract (decode_loop.Engine): one sequence's rounds; closing the iterator frees its cache."""
         generator = make_generator(spec.sampling.seed)
-        state = await self._run(self.start, spec.prompt_ids)
+        state = await self._prefill(spec.prompt_ids)
         try:
             while True:
                 generated = len(state.tokens) - len(spec.prompt_ids)
@@ -89,13 +105,30 @@ class TransformersEngine:
     async def _run(self, fn, *args):
         return await asyncio.get_running_loop().run_in_executor(self._compute, fn, *args)
 
-    def start(self, prompt_ids: list[int]) -> SequenceState:
-        """Prefill every prompt token but the last, which becomes the pending token."""
+    async def _prefill(self, prompt_ids: list[int]) -> SequenceState:
+        """Prefill as a series of chunk jobs, admitted by the gate unless the prompt takes one job anyway."""
         state = SequenceState(list(prompt_ids), new_cache(self.model), 0)
-        if len(prompt_ids) > 1:
-            self._forward(state, prompt_ids[:-1])
-        state.cached_length = len(prompt_ids) - 1
+        prefill_tokens = len(prompt_ids) - 1
+        one_job = prefill_tokens <= self.prefill_chunk_tokens  # costs what a round costs: not held back
+        async with contextlib.nullcontext() if one_job else self.prefill_gate.admitted(prefill_tokens):
+            while not state.prefilled:
+                await self._run(self.prefill_chunk, state)
         return state
+
+    def start(self, prompt_ids: list[int]) -> SequenceState:
+        """Prefill every prompt token but the last, which becomes the pending token (all chunks, in this thread)."""
+        state = SequenceState(list(prompt_ids), new_cache(self.model), 0)
+        while not state.prefilled:
+            self.prefill_chunk(state)
+        return state
+
+    def prefill_chunk(self, state: SequenceState) -> None:
+        """Put the next chunk of the prompt into the cache and advance the position past it."""
+        end = len(state.tokens) - 1
+        if self.prefill_chunk_tokens > 0:
+            end = min(end, state.cached_length + self.prefill_chunk_tokens)
+        self._forward(state, state.tokens[state.cached_length:end])
+        state.cached_length = end
 
     def score(self, state: SequenceState, draft_token_ids: list[int]) -> torch.Tensor:
         """The target's logits after the prefix and after each draft token: [k + 1, V] float32.
