@@ -1,9 +1,15 @@
-"""Live sequences: admission caps, idle expiry, and a guarantee that every cache is freed.
+"""Live sequences: admission caps, expiry of calls whose client stopped reading, and freeing every cache.
 
 A sequence is admitted with its worst-case cache size (prompt + max_tokens)
 reserved, so the caps hold before memory runs out. It is released when its
-Decode call ends for any reason: finished, cancelled, deadline, error. A reaper
-cancels calls idle past the TTL (a client that stopped reading).
+Decode call ends for any reason: finished, cancelled, deadline, error.
+
+A reaper cancels calls whose client stopped reading. It measures the client, not
+the sequence: a server-streaming handler's `yield` returns only once gRPC has
+written the message, and the write waits while the client's flow-control window
+is full. So the reaper counts how long a response write has been pending; a
+sequence waiting for compute (others' prefill, a long forward pass), for the
+draft, or for prefill admission has no write pending and is never reaped.
 """
 
 from __future__ import annotations
@@ -28,14 +34,21 @@ class LiveSequence:
     request_id: str
     reserved_tokens: int
     task: asyncio.Task | None
-    last_active: float = dataclasses.field(default_factory=time.monotonic)
+    writing_since: float | None = None  # when the pending response write began; None: no write pending
     reaped: bool = False
     # Called (as a new task) when the reaper drops the sequence: ends the call with a status, since a cancelled
     # handler alone leaves the client waiting until its own deadline.
     on_reap: typing.Callable[[], typing.Awaitable[None]] | None = None
 
-    def touch(self) -> None:
-        self.last_active = time.monotonic()
+    def write_started(self) -> None:
+        self.writing_since = time.monotonic()
+
+    def write_done(self) -> None:
+        self.writing_since = None
+
+    def write_blocked_s(self, now: float) -> float:
+        """How long the pending response write has waited for the client (0 with none pending)."""
+        return 0.0 if self.writing_since is None else now - self.writing_since
 
 
 class SequenceRegistry:
@@ -83,12 +96,13 @@ class SequenceRegistry:
             self.reap()
 
     def reap(self) -> int:
-        """Cancel sequences idle past the TTL; their calls' cleanup frees the caches."""
+        """Cancel calls whose response write has waited for the client past the TTL; their cleanup frees the caches."""
         now, reaped = time.monotonic(), 0
         for sequence in list(self.live.values()):
-            if now - sequence.last_active > self.ttl_s and sequence.task is not None and not sequence.task.done():
-                log.warning("request %s idle for %.0f s: dropping its sequence", sequence.request_id,
-                            now - sequence.last_active)
+            blocked_s = sequence.write_blocked_s(now)
+            if blocked_s > self.ttl_s and sequence.task is not None and not sequence.task.done():
+                log.warning("request %s: the client has not read its next message for %.0f s: dropping its "
+                            "sequence", sequence.request_id, blocked_s)
                 sequence.reaped = True
                 sequence.task.cancel()
                 if sequence.on_reap is not None:

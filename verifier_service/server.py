@@ -63,7 +63,6 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServiceServicer):
         rounds = decode(self.engine, spec, speculation, stopper)
         try:
             async for output in rounds:
-                live.touch()
                 generated += len(output.token_ids)
                 message = verifier_pb2.DecodeResponse(token_ids=output.token_ids)
                 if output.finish_reason:
@@ -74,7 +73,9 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServiceServicer):
                                                             completion_tokens=generated))
                     metrics.REQUESTS.labels(finish_reason=output.finish_reason).inc()
                 metrics.GENERATED_TOKENS.inc(len(output.token_ids))
+                live.write_started()  # the yield returns once gRPC has written it: the client's reading
                 yield message
+                live.write_done()
         finally:
             self.sequences.release(key)
             # Free the KV cache and end the draft's stream now, not whenever the generator is collected.
@@ -100,7 +101,8 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServiceServicer):
         """The reaper dropped this call's sequence: tell the client why (it is waiting otherwise)."""
         try:
             await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED,
-                                f"request {request_id}: no progress for {self.config.sequence_ttl_s:g} s "
-                                "(--sequence-ttl-s; the client stopped reading?); its sequence was dropped")
+                                f"request {request_id}: the client took no message for "
+                                f"{self.config.sequence_ttl_s:g} s while one was ready (--sequence-ttl-s: it "
+                                "stopped reading); its sequence was dropped")
         except Exception as exc:  # noqa: BLE001 (abort raises by design; a finished call raises too)
             log.debug("request %s: reaped call ended: %r", request_id, exc)

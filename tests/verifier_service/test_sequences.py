@@ -36,14 +36,15 @@ def test_reaper_cancels_idle_calls_and_ends_them_with_a_status():
             async def on_reap():
                 ended.append("status sent")
             live.on_reap = on_reap
+            live.write_started()
             try:
-                await asyncio.sleep(60)  # a client that stopped reading
+                await asyncio.sleep(60)  # a client that stopped reading: the write does not complete
             finally:
                 registry.release(key)
 
         task = asyncio.get_running_loop().create_task(call())
         await asyncio.sleep(0.01)
-        registry.live[next(iter(registry.live))].last_active -= 1  # idle for a second
+        registry.live[next(iter(registry.live))].writing_since -= 1  # the write blocked for a second
         assert registry.reap() == 1
         with pytest.raises(asyncio.CancelledError):
             await task
