@@ -52,7 +52,9 @@ def test_defaults_follow_openai_and_vllm():
     assert not request.HasField("top_p") and not request.HasField("seed")
     assert not request.HasField("num_speculative_tokens")  # the server's (adaptive) default
     assert request.max_tokens == 0  # chat: the gateway's --default-max-tokens
-    assert protocol.generate_request(completion(), "P").max_tokens == 16  # OpenAI's default for /v1/completions
+    # completions: OpenAI's default of 16, as a default (held to the room the prompt leaves), not as a value sent
+    assert protocol.generate_request(completion(), "P").max_tokens == 0
+    assert protocol.default_max_tokens(completion()) == 16 and protocol.default_max_tokens(chat()) is None
 
 
 def test_max_tokens_and_max_completion_tokens_must_agree():
