@@ -220,6 +220,8 @@ def field_path(error: dict) -> list[str | int]:
     path = [part for part in loc if isinstance(part, int) or part in FIELD_NAMES]
     if error["type"] == "extra_forbidden" and loc and loc[-1] not in path[-1:]:
         path.append(loc[-1])
+    if error["type"] == "string_unicode" and not loc and isinstance(error.get("input"), str):
+        path.append(error["input"])  # a field's name that is not text (a lone surrogate): pydantic gives no loc
     return path
 
 
