@@ -117,6 +117,10 @@ BAD_JSON = [
     ("cut short", b'{"model": "tiny", "prompt": '),
     ("not JSON", b"prompt=Hi"),
     ("an array", b"[1, 2]"),
+    ("null", b"null"),
+    ("not UTF-8", b'{"model": "tiny", "prompt": "a\xffb"}'),
+    ("nested 100,000 deep", b'{"model": "tiny", "prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"),
+    ("an integer of 5,000 digits", b'{"model": "tiny", "prompt": "Hi", "seed": ' + b"9" * 5000 + b"}"),
 ]
 
 
@@ -223,6 +227,30 @@ def test_the_schema_needs_the_key_when_keys_are_set(gateway, tokenizer):
     with gateway_in_thread(tokenizer, FakeVerifier(), api_keys=()) as open_gateway:  # no keys: open, as before
         status, _headers, body = call(open_gateway, "GET", "/openapi.json", key=None)
         assert status == 200 and "/v1/completions" in body["paths"]
+
+
+class BrokenTokenizer:
+    """The test tokenizer, except that encoding fails: a defect of the server, not of the request."""
+
+    def __init__(self, tokenizer):
+        self._tokenizer = tokenizer
+
+    def __getattr__(self, name):
+        return getattr(self._tokenizer, name)
+
+    def __len__(self):
+        return len(self._tokenizer)
+
+    def encode(self, *args, **kwargs):
+        raise RuntimeError("the tokenizer broke")
+
+
+def test_a_defect_of_the_server_is_still_an_error_object(tokenizer):
+    """A 500 is for the server's own faults; even then the client gets OpenAI's object, not plain text."""
+    with gateway_in_thread(BrokenTokenizer(tokenizer), FakeVerifier()) as gateway:
+        status, _headers, body = call(gateway, "POST", *completion())
+    assert_error_object(status, body, 500, "server_error")
+    assert "RuntimeError" in body["error"]["message"]
 
 
 # ---------------------------------------------------------------- a client that leaves during the prefill
