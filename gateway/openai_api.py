@@ -10,9 +10,9 @@ Every error is OpenAI's error object with the right status, whatever failed.
 
 Streams are server-sent events (sse-starlette) ending in `data: [DONE]`. A
 client that disconnects cancels its generation, which cancels the verifier's
-Decode call and frees the sequence, also while the prompt is still in prefill. The OpenTelemetry ASGI instrumentation
-makes each request a trace, joined to the gRPC spans by the verifier channel's
-interceptors.
+Decode call and frees the sequence, also while the prompt is still in prefill.
+The OpenTelemetry ASGI instrumentation makes each request a trace, joined to
+the gRPC spans by the verifier channel's interceptors.
 """
 
 from __future__ import annotations

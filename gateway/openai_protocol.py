@@ -32,9 +32,11 @@ from specdec.v1 import common_pb2, gateway_pb2
 
 UINT32_MAX = 2**32 - 1
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
-# Seconds a client should wait before retrying a 429 or 503: capacity frees as soon as any one request in flight
-# ends, which at the concurrency cap is well under a second away; the openai client honours it.
+# Seconds a client should wait before retrying a 429 or 503: a slot frees as soon as any one request in flight
+# ends, so the wait is short and fixed (the openai client waits exactly this long, rather than its own backoff).
 RETRY_AFTER_S = 1
+# JSON can spell half a UTF-16 pair ("\ud800"); Python keeps it, but it is not text and UTF-8 cannot encode it.
+LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 # OpenAI's documented default for /v1/completions; chat leaves it to the server (--default-max-tokens).
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 # Fields accepted only with a value that asks for nothing this server lacks; null always passes.
@@ -109,10 +111,6 @@ def error_from_grpc(code: grpc.StatusCode, message: str, chat: bool) -> OpenAIEr
 
 
 # ---------------------------------------------------------------- requests
-
-# JSON can spell half a UTF-16 pair ("\ud800"); Python keeps it, but it is not text and UTF-8 cannot encode it.
-LONE_SURROGATE = re.compile("[\ud800-\udfff]")
-
 
 def _unicode_text(text: str) -> str:
     found = LONE_SURROGATE.search(text)
@@ -199,12 +197,12 @@ def error_from_validation(errors: list[dict]) -> OpenAIError:
                            code="invalid_json")
     ranked = [(len(path), error["type"] not in TYPE_ERRORS, path, error)
               for error in errors for path in [field_path(error)]]
-    depth, wrong_value, path, best = max(ranked, key=lambda rank: rank[:2])
+    _depth, wrong_value, path, best = max(ranked, key=lambda rank: rank[:2])
     param = ".".join(str(part) for part in path) or None
     if wrong_value:
         message = _message(best)
     else:  # only wrong types here: say every type the field takes
-        said = dict.fromkeys(_message(e) for d, w, p, e in ranked if p == path and not w)
+        said = dict.fromkeys(_message(error) for _, value, at, error in ranked if at == path and not value)
         message = " or ".join(m.removeprefix("Input should be ") if i else m for i, m in enumerate(said))
     return OpenAIError(400, f"{param or 'body'}: {message}", param)
 
