@@ -191,10 +191,9 @@ def error_from_validation(errors: list[dict]) -> OpenAIError:
         return OpenAIError(400, "the request body is invalid")
     first = errors[0]
     if first["type"] == "json_invalid":
-        where = first["loc"][-1] if len(first["loc"]) > 1 else "?"
+        where = f" (at character {first['loc'][-1]})" if len(first["loc"]) > 1 else ""  # FastAPI's: ("body", pos)
         reason = (first.get("ctx") or {}).get("error", first["msg"])
-        return OpenAIError(400, f"the request body is not valid JSON: {reason} (at character {where})",
-                           code="invalid_json")
+        return OpenAIError(400, f"the request body is not valid JSON: {reason}{where}", code="invalid_json")
     ranked = [(len(path), error["type"] not in TYPE_ERRORS, path, error)
               for error in errors for path in [field_path(error)]]
     _depth, wrong_value, path, best = max(ranked, key=lambda rank: rank[:2])

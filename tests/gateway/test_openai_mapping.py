@@ -194,3 +194,29 @@ def test_text_completion_chunks_carry_text_and_finish_reason_null_until_the_last
     assert chunk["object"] == "text_completion" and chunk["prompt_token_ids"] == [1] and "usage" not in chunk
     last = Completion.model_validate(reply.chunk("b", [6], final_message()))
     assert last.choices[0].text == "b" and last.choices[0].finish_reason == "length"
+
+
+@pytest.mark.parametrize("body, param", [
+    ('{"prompt": [1099511627776]}', "prompt.0"),
+    ('{"prompt": [[5, 1099511627776]]}', "prompt.0.1"),
+    ('{"prompt": "x", "stream": "yes"}', "stream"),
+    ('{"prompt": "x", "max_tokens": true}', "max_tokens"),
+    ('{"prompt": 5}', "prompt"),
+    ('{"prompt": "x", "stop": ["a", 5]}', "stop.1"),
+    ('{"prompt": "x", "model": "m", ', None),
+])
+def test_validation_errors_name_the_field_by_its_path_parsed_either_way(body, param):
+    """The same 400 whether pydantic parsed the JSON (no "body" in loc) or FastAPI did (json.loads, then a dict)."""
+    import json
+
+    import pydantic
+
+    parsed = [lambda: protocol.CompletionRequest.model_validate_json(body)]
+    if param is not None:
+        parsed.append(lambda: protocol.CompletionRequest.model_validate(json.loads(body)))
+    for parse in parsed:
+        with pytest.raises(pydantic.ValidationError) as raised:
+            parse()
+        error = protocol.error_from_validation(raised.value.errors())
+        assert (error.status, error.param) == (400, param), error.body()
+        assert error.message.startswith(param or "the request body is not valid JSON"), error.message
