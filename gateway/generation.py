@@ -65,16 +65,20 @@ class Generation:
         self.tokenizer_fingerprint = tokenizer_fingerprint  # sent with every Decode: the verifier checks it
         self.verifier_problem: str | None = None  # set while the verifier is unusable (gateway.verifier_watch)
 
-    async def prepare(self, request: gateway_pb2.GenerateRequest, api_key: str = "") -> verifier_pb2.DecodeRequest:
+    async def prepare(self, request: gateway_pb2.GenerateRequest, api_key: str = "",
+                      default_max_tokens: int | None = None) -> verifier_pb2.DecodeRequest:
         """Tokenize (off the event loop) and check; raise GenerationError(INVALID_ARGUMENT) naming the field.
 
-        api_key: the key the caller presented; with --api-keys on, it names the request's tenant."""
+        api_key: the key the caller presented; with --api-keys on, it names the request's tenant.
+        default_max_tokens: max_tokens when the request leaves it unset (None: --default-max-tokens)."""
         if self.verifier_problem:
             raise GenerationError(grpc.StatusCode.UNAVAILABLE, self.verifier_problem)
         prompt_ids = await self.prompt_ids(request)
         try:
-            decode = check_generate_request(request, prompt_ids, self.limits, self.config.default_max_tokens,
-                                            self.config.num_speculative_tokens)
+            decode = check_generate_request(
+                request, prompt_ids, self.limits,
+                self.config.default_max_tokens if default_max_tokens is None else default_max_tokens,
+                self.config.num_speculative_tokens)
         except InvalidRequest as exc:
             raise GenerationError(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from exc
         decode.request_id = uuid.uuid4().hex[:16]

@@ -4,12 +4,15 @@
     POST /v1/completions        one prompt: text or token ids
     GET  /v1/models             the one served model
     GET  /health                200 while the verifier serves and is usable, 503 otherwise (open, for probes)
+    GET  /openapi.json          the API's schema; needs the key when --api-keys is set (/docs and /redoc are off)
+
+Every error is OpenAI's error object with the right status, whatever failed.
 
 Streams are server-sent events (sse-starlette) ending in `data: [DONE]`. A
 client that disconnects cancels its generation, which cancels the verifier's
-Decode call and frees the sequence. The OpenTelemetry ASGI instrumentation
-makes each request a trace, joined to the gRPC spans by the verifier channel's
-interceptors.
+Decode call and frees the sequence, also while the prompt is still in prefill.
+The OpenTelemetry ASGI instrumentation makes each request a trace, joined to
+the gRPC spans by the verifier channel's interceptors.
 """
 
 from __future__ import annotations
@@ -40,7 +43,9 @@ from gateway.openai_protocol import (
     OpenAIError,
     Reply,
     completion_prompt,
+    default_max_tokens,
     error_from_grpc,
+    error_from_validation,
     generate_request,
     unsupported,
 )
@@ -56,13 +61,14 @@ class ServedModel(typing.NamedTuple):
 
 def create_app(generation: Generation, model: ServedModel, api_keys: list[str],
                verifier_health: health_pb2_grpc.HealthStub) -> FastAPI:
-    app = FastAPI(title="specdec gateway: OpenAI-compatible API", docs_url=None, redoc_url=None)
+    keys = [key.encode() for key in api_keys]
+    app = FastAPI(title="specdec gateway: OpenAI-compatible API", docs_url=None, redoc_url=None,
+                  openapi_url=None if keys else "/openapi.json")  # with keys: the route below, behind the key
     limits_ = generation.limits
     app.add_middleware(BodyLimit, max_bytes=limits_.prompt_chars * JSON_BYTES_PER_CHAR + OVERHEAD_BYTES,
                        why=f"{limits_.prompt_limit_words()} and a token is at most {limits_.max_token_chars} "
                            "characters:")
     started = int(time.time())
-    keys = [key.encode() for key in api_keys]
 
     def authorized(request: Request) -> None:
         presented = presented_key(request.headers.items()).encode()
@@ -72,17 +78,25 @@ def create_app(generation: Generation, model: ServedModel, api_keys: list[str],
 
     @app.exception_handler(OpenAIError)
     async def openai_error(_request, exc: OpenAIError):
-        return JSONResponse(exc.body(), status_code=exc.status)
+        return error_response(exc)
 
     @app.exception_handler(RequestValidationError)
     async def invalid_body(_request, exc: RequestValidationError):
-        first = exc.errors()[0]
-        param = ".".join(str(part) for part in first["loc"][1:]) or None
-        return JSONResponse(OpenAIError(400, f"{param or 'body'}: {first['msg']}", param).body(), status_code=400)
+        return error_response(error_from_validation(list(exc.errors())))
 
     @app.exception_handler(HTTPException)
     async def http_error(_request, exc: HTTPException):
-        return JSONResponse(OpenAIError(exc.status_code, str(exc.detail)).body(), status_code=exc.status_code)
+        return error_response(OpenAIError(exc.status_code, str(exc.detail)), exc.headers)  # 405 keeps its Allow
+
+    @app.exception_handler(Exception)
+    async def unexpected(_request, exc: Exception):
+        # a defect of this server, not of the request: logged with its traceback (by uvicorn), answered as OpenAI does
+        return error_response(OpenAIError(500, f"internal error ({type(exc).__name__}); please report it"))
+
+    if keys:
+        @app.get("/openapi.json", include_in_schema=False, dependencies=[Depends(authorized)])
+        async def openapi():
+            return app.openapi()
 
     @app.get("/health")
     async def health():
@@ -135,7 +149,8 @@ async def render_chat(tokenizer, body: ChatCompletionRequest) -> str:
     if not getattr(tokenizer, "chat_template", None):
         raise OpenAIError(400, "the model's tokenizer has no chat template; use /v1/completions with a prompt",
                           "messages")
-    messages = [{"role": message.role, "content": message.text()} for message in body.messages]
+    messages = [{"role": message.role, "content": message.text(), **({"name": message.name} if message.name else {})}
+                for message in body.messages]  # `name` as vLLM passes it: most templates ignore it
     try:
         return await asyncio.get_running_loop().run_in_executor(None, lambda: tokenizer.apply_chat_template(
             messages, add_generation_prompt=True, tokenize=False))
@@ -145,16 +160,23 @@ async def render_chat(tokenizer, body: ChatCompletionRequest) -> str:
 
 async def serve(generation: Generation, body, prompt, reply: Reply, request: Request):
     try:
-        decode = await generation.prepare(generate_request(body, prompt), presented_key(request.headers.items()))
+        decode = await generation.prepare(generate_request(body, prompt), presented_key(request.headers.items()),
+                                          default_max_tokens(body))
         pieces = generation.run(decode)
         if not body.stream:
             return await until_disconnected(request, whole(pieces, reply, list(decode.prompt_token_ids)))
-        first = await anext(pieces, None)  # before the 200: a refusal (429, 503) still gets its status
+        # Before the 200, so that a refusal (429, 503) still gets its status; the prefill may take long, and a
+        # client that leaves meanwhile ends the verifier's call now, not at the first token.
+        first = await until_disconnected(request, anext(pieces, None))
         if first is None:
             raise GenerationError(grpc.StatusCode.UNAVAILABLE, "the verifier ended the stream early; retry")
     except GenerationError as exc:
         raise error_from_grpc(exc.code, exc.message, reply.chat) from None
     return EventSourceResponse(events(pieces, first, reply, list(decode.prompt_token_ids)), sep="\n")
+
+
+def error_response(error: OpenAIError, headers: typing.Mapping[str, str] | None = None) -> JSONResponse:
+    return JSONResponse(error.body(), status_code=error.status, headers={**(headers or {}), **error.headers()})
 
 
 async def whole(pieces: typing.AsyncIterator[Piece], reply: Reply, prompt_ids: list[int]) -> JSONResponse:
