@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import functools
 import io
 import pathlib
 import re
@@ -23,34 +24,48 @@ import sys
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 STARTS = ("python", ".venv/bin/python", "make ", "curl ")
-PLACEHOLDER = re.compile(r"\b(DIR|FILE|PATH|HOST|PORT|SET|NAME|N|K|F|SWEEP\.json|RESULTS\.json)\b|<[^>]+>|\.\.\.")
+PLACEHOLDER = re.compile(r"\b(DIR|FILE|PATH|HOST|PORT|SET|NAME|N|K|F|X|CURVE|SWEEP\.json|RESULTS\.json)\b|<[^>]+>|\.\.\.|\$")
 
 
 @dataclasses.dataclass
 class Check:
     source: str
     command: str
+    mention: bool = False  # inline code naming a command (and maybe a flag), not a whole command line
     status: str = "skipped"  # ok | failed | skipped
     why: str = ""
 
 
-def commands(path: pathlib.Path) -> list[tuple[str, str]]:
-    """(where, command) for every shell command in a markdown file."""
-    found, fenced, pending = [], False, ""
+def balanced(text: str) -> bool:
+    try:
+        shlex.split(text)
+    except ValueError:
+        return False
+    return True
+
+
+def commands(path: pathlib.Path) -> list[tuple[str, str, bool]]:
+    """(where, command, mention) for every shell command in a markdown file; $VAR set earlier in it expanded."""
+    found, fenced, pending, variables = [], False, "", {}
     for number, line in enumerate(path.read_text().splitlines(), 1):
         if line.lstrip().startswith("```"):
-            fenced = not fenced
+            fenced, pending = not fenced, ""
             continue
         if fenced:
             text = pending + line.strip().removeprefix("$ ")
-            if text.endswith("\\"):
-                pending = text[:-1] + " "
+            if text.endswith("\\") or (pending and not balanced(text)) or (text.startswith(STARTS) and not balanced(text)):
+                pending = text.removesuffix("\\") + " "
                 continue
             pending = ""
+            assignment = re.fullmatch(r"([A-Z_][A-Z0-9_]*)=(\S+)", text)
+            if assignment:
+                variables[assignment.group(1)] = assignment.group(2)
+            for name, value in variables.items():
+                text = re.sub(r"\$\{?" + name + r"\b\}?", value, text)
             if text.startswith(STARTS):
-                found.append((f"{path.name}:{number}", text))
+                found.append((f"{path.name}:{number}", text, False))
         else:
-            found += [(f"{path.name}:{number}", code) for code in re.findall(r"`([^`]+)`", line)
+            found += [(f"{path.name}:{number}", code, True) for code in re.findall(r"`([^`]+)`", line)
                       if code.startswith(STARTS)]
     return found
 
@@ -59,12 +74,28 @@ def strip_comment(command: str) -> str:
     return re.split(r"\s+#\s", command, maxsplit=1)[0].strip()
 
 
-def check_bench(args: list[str]) -> tuple[str, str]:
+def options(parser: argparse.ArgumentParser) -> set[str]:
+    """Every option string of a parser and of its sub-commands."""
+    known = set(parser._option_string_actions)
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                known |= options(sub)
+    return known
+
+
+def check_bench(args: list[str], mention: bool) -> tuple[str, str]:
     from bench import STUDIES
 
-    if not args or args[0].replace("_", "-") not in STUDIES:
-        return "failed", f"no study {args[0] if args else '(none)'!r}"
+    if args[:1] in ([], ["--help"], ["-h"]):
+        return "ok", "lists the studies"
+    if args[0].replace("_", "-") not in STUDIES:
+        return "failed", f"no study {args[0]!r}"
     module = __import__(STUDIES[args[0].replace("_", "-")][0], fromlist=["build_parser"])
+    if mention:  # `python -m bench STUDY --flag`: the study and the flags it names exist
+        known = options(module.build_parser())
+        unknown = [word for word in args[1:] if word.startswith("--") and word.split("=")[0] not in known]
+        return ("failed", f"no option {', '.join(unknown)}") if unknown else ("ok", "names a study and its options")
     errors = io.StringIO()
     try:
         with contextlib.redirect_stderr(errors), contextlib.redirect_stdout(io.StringIO()):
@@ -78,8 +109,18 @@ def check_bench(args: list[str]) -> tuple[str, str]:
     return "ok", "parses"
 
 
-def check(source: str, command: str, live: str) -> Check:
-    result = Check(source, command)
+@functools.cache
+def module_help(module: str) -> tuple[str, str]:
+    """Whether `python -m MODULE --help` runs (once per module)."""
+    done = subprocess.run([sys.executable, "-m", module, "--help"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+    if done.returncode == 0:
+        return "ok", "--help runs"
+    return "failed", (done.stderr.strip().splitlines() or ["?"])[-1]
+
+
+def check(source: str, command: str, mention: bool, live: str) -> Check:
+    result = Check(source, command, mention)
     command = strip_comment(command)
     if "|" in command or "&&" in command:
         command = re.split(r"\s*(\||&&)\s*", command)[0]
@@ -107,12 +148,9 @@ def check(source: str, command: str, live: str) -> Check:
         result.status, result.why = ("ok" if code.startswith("2") else "failed"), f"HTTP {code}"
     elif len(words) > 2 and words[1] == "-m":
         if words[2] == "bench":
-            result.status, result.why = check_bench(words[3:])
+            result.status, result.why = check_bench(words[3:], mention)
         else:
-            done = subprocess.run([sys.executable, "-m", words[2], "--help"], cwd=ROOT, capture_output=True,
-                                  text=True, timeout=120)
-            result.status = "ok" if done.returncode == 0 else "failed"
-            result.why = "--help runs" if done.returncode == 0 else (done.stderr.strip().splitlines() or ["?"])[-1]
+            result.status, result.why = module_help(words[2])
     else:
         result.why = "not a module command"
     return result
@@ -124,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--live", default="", help="a running gateway's HTTP address: also run the curl commands")
     parser.add_argument("--quiet", action="store_true", help="print only failures and the summary")
     args = parser.parse_args(argv)
-    checks = [check(source, command, args.live) for path in args.files for source, command in commands(path)]
+    checks = [check(*found, args.live) for path in args.files for found in commands(path)]
     for c in checks:
         if not args.quiet or c.status == "failed":
             print(f"{c.status:<8} {c.source:<28} {c.command[:110]}" + (f"\n{'':<38}{c.why}" if c.why else ""))
