@@ -20,7 +20,7 @@ import typing
 REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
 # What the services run with unless the caller's environment says otherwise: the configuration the benchmark
 # measures. OpenMP threads that spin while waiting (the default policy) starve the other services on a shared
-# CPU host (a 3-4x slower round at a 20 ms draft round trip); the Dockerfiles set the same.
+# CPU host (each service's idle threads spin on the cores the others need); the Dockerfiles set the same.
 SERVICE_ENV_DEFAULTS = {"OMP_WAIT_POLICY": "PASSIVE"}
 
 
