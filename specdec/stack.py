@@ -161,7 +161,7 @@ def running_stack(target_dir, draft_dir=None, method: str = "ngram", verifier_ar
             env, log_dir, *ports.get("verifier", (0, 0)), python=verifier_python)
         http = ["--http-port", str(ports["gateway_http"])] if "gateway_http" in ports else []
         # The gateway starts beside the verifier and waits for it: as long as this waits for all three (a vLLM
-        # verifier on a loaded 2-core machine took over the gateway's default 60 s); gateway_args may override it.
+        # verifier on a loaded machine can take longer than the gateway's default 60 s); gateway_args may override it.
         services["gateway"] = Service(
             "gateway", ["--model", str(target_dir), "--verifier", services["verifier"].address,
                         "--draft", services["draft"].address, "--peer-wait-s", str(timeout_s), *http, *gateway_args],
