@@ -74,7 +74,7 @@ def wait_serving(address: str, timeout_s: float = 60.0, process: subprocess.Pope
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-    from specdec.grpc_server import RECONNECT_OPTIONS  # a service that starts in 15 s is seen then, not at 27 s
+    from specdec.grpc_server import RECONNECT_OPTIONS  # a service is seen when it is up, not a long backoff later
 
     deadline = time.monotonic() + timeout_s
     channel = (grpc.secure_channel(address, credentials, options=RECONNECT_OPTIONS) if credentials
