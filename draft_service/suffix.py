@@ -25,18 +25,16 @@ again on the context plus what it drafted, and goes on while the new match is at
 CHAIN_MIN_MATCH tokens and the running probability (the product of each part's) stays above
 `min_token_prob`. The chained tokens are the block's last `num_chained`: the verifier judges them
 apart from the rest and verifies them only as far as their own acceptance pays on its measured
-round times (`SpeculationPolicy.cut_block`). Replayed (`bench.policy_sim`) on the AVX2 EPYC's fp32
-curve, where a block of 16 costs about what one of 4 does, this took adaptive suffix over n-gram on
-extraction from 1.24x to 1.66x (SQL 1.07x -> 1.23x, FAQ 1.24x -> 1.40x); where each token costs a
-third of a step (a bf16 curve) the verifier cuts most chained tokens off (extraction 1.31x -> 1.26x,
-the rest within 0.01; docs/design.md).
+round times (`SpeculationPolicy.cut_block`). Whether chained tokens pay depends on the machine: nearly
+free where a block of 16 costs about what one of 4 does, a loss where each token costs a good part of a
+step. So the draft only marks them, and the verifier, which knows its round times, decides.
 
 Proposed tokens are appended to `tokens` (the proposer contract) but indexed only once an update
 keeps them, so unverified tokens never enter any tree. Drafting ahead, the draft syncs itself to its
 own guess of the verifier's next sync (`update(..., assumed=True)`); those tokens are indexed only when
-the real sync matches (`confirm`). Indexing them at once made every miss a rollback into indexed
-tokens, and a rebuild of the request's tree: 10-15 ms a round on a 1,500-token prompt, where a
-proposal costs 0.05 ms.
+the real sync matches (`confirm`). Indexing them at once would make every miss a rollback into indexed
+tokens, which the tree cannot undo: a rebuild of the request's tree from the whole sequence, on the
+draft's event loop, where a proposal is a walk down the tree.
 """
 
 from __future__ import annotations
@@ -51,9 +49,8 @@ from specdec.draft_block import DraftBlock
 from specdec.sampling import SamplingParams
 
 SCOPES = ("global", "tenant")
-# A chained part must rest on a match of at least this many tokens: replayed on the AVX2 EPYC curve with every chained
-# token verified, chaining on one-token matches took chat + suffix to 0.95x of n-gram, on two-token ones 0.99x
-# (extraction 1.72x either way).
+# A chained part must rest on a match of at least this many tokens: chaining on one-token matches drafts tokens that
+# low-repetition text (chat) rejects, and gains repetitive text nothing that two-token matches do not.
 CHAIN_MIN_MATCH = 2
 
 
@@ -73,10 +70,8 @@ class SuffixConfig:
     suffix_max_spec_factor: float = option(1.0, "draft at most this many tokens per matched token "
                                                 "(Arctic's and vLLM's default)")
     suffix_max_spec_offset: float = option(0.0, "plus this many (Arctic's default)")
-    # Arctic's and vLLM's default is 0.1. Replayed over the shipped workloads' greedy outputs with the adaptive
-    # policy on three measured CPU curves (27 workload x curve cells), 0.3 drafted faster in 22, by up to 3.9%
-    # (copy-heavy), mean +0.9%, and lost at most 0.7% (creative on one curve): a continuation seen less than
-    # 3 times in 10 is more often a rejected token than the cost of verifying it is worth on these machines.
+    # Arctic's and vLLM's default is 0.1. On a CPU, where verifying a token costs a good part of a step, a
+    # continuation seen less than 3 times in 10 is more often a rejected token than its verification is worth.
     suffix_min_token_prob: float = option(0.3, "stop the draft where the continuation's estimated probability falls "
                                                "below this (Arctic's and vLLM's default: 0.1)")
     suffix_chain: bool = option(True, "where a draft stops short of k, match again on the context plus the draft and "
@@ -198,11 +193,9 @@ def prefer_own(own: Draft, cached: Draft) -> bool:
 
     Arctic (and vLLM's `suffix`) take the higher score, a sum of continuation frequencies. On an equal
     match that favours the cache, whose frequencies pool many other outputs, over the request's own
-    text, which predicts the request better. On the structured workload (JSON and code, each prompt
-    different), replayed at k = 1 (`bench/policy_sim.py`), the suffix draft proposed 107 tokens and had
-    20 accepted; with the cache off, 79 and 38. With this rule adaptive suffix/ngram there went 0.90 ->
-    1.00 on the Xeon's fp32 curve and 0.96 -> 1.00 on the EPYC's bf16 one, and no workload's ratio fell
-    by more than 0.02. A longer match in the cache is more specific evidence than the request has, and wins.
+    text, which predicts the request better: where each prompt differs (JSON, code), a draft from the cache
+    proposes more tokens and has fewer accepted than one from the request's text alone. A longer match in the
+    cache is more specific evidence than the request has, and wins.
     """
     if not own.token_ids:
         return not cached.token_ids

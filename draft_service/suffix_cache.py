@@ -54,8 +54,8 @@ class SuffixTree:
 
     Nodes are ids into columns (arrays of int32/int64, a list of sequence references, a list of
     child dicts of int -> int), not objects. Python's cyclic GC does not track arrays or int-only
-    dicts: with one object per node, a full collection over a 100,000-token cache took about 1 s
-    here; with columns it takes milliseconds (bench/suffix_cost.py measures it).
+    dicts: with one object per node, a full collection would walk every node of the cache on the
+    event loop; with columns it has almost nothing to walk (`python -m bench suffix-cost` measures it).
     """
 
     def __init__(self, max_depth: int):

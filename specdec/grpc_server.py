@@ -64,7 +64,7 @@ def message_options(config: ServerConfig, max_receive_bytes: int = 0) -> list[tu
 
 # Requests up to this size that cannot fit are read and refused with INVALID_ARGUMENT and a message that says
 # why; larger ones (and any over twice what fits) are refused by gRPC itself with RESOURCE_EXHAUSTED before
-# they are buffered: reading 15 MB messages to name the field cost 8 concurrent callers 100+ MB of RSS.
+# they are buffered: reading a message that large only to name the field would cost memory per concurrent caller.
 READ_TO_EXPLAIN_BYTES = 4 * 1024 * 1024
 
 

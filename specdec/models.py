@@ -44,7 +44,7 @@ def loads_directly(path: str) -> bool:
 def load_tokenizer(path: str):
     """The model's tokenizer, as AutoTokenizer loads it. Where AutoTokenizer would choose TokenizersBackend, that
     class is loaded directly: the gateway and the n-gram and suffix drafts need nothing else from transformers,
-    and AutoTokenizer's imports (configs, generation, torch.distributed) took about 8 of a service's 11 s start."""
+    and AutoTokenizer's imports (configs, generation, torch.distributed) are most of such a service's start."""
     try:
         if loads_directly(path):
             from transformers.tokenization_utils_tokenizers import TokenizersBackend
