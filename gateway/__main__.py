@@ -89,6 +89,8 @@ async def serve(server_cfg: specdec_config.ServerConfig, cfg: GatewayConfig) -> 
     tokenizer_info = models.describe(cfg.model, tokenizer)
     channel = grpc_server.open_channel(cfg.verifier, server_cfg)
     target = await check_peers(cfg, channel, server_cfg, tokenizer_info)
+    log.info("the verifier serves %s (model fingerprint %s): this gateway serves that model only", target.model,
+             target.model_fingerprint or "not reported")
     token_chars, token_bytes = models.longest_token(tokenizer)
     model_limits = ModelLimits(target.vocab_size, target.max_context, cfg.max_prompt_tokens, token_chars, token_bytes)
     generation = Generation(tokenizer, verifier_pb2_grpc.VerifierServiceStub(channel), model_limits, cfg,
