@@ -166,14 +166,14 @@ def test_every_service_prints_its_help(capsys, service_config):
         assert config.flag_name(field.name) in out and config.env_name(field.name) in out
 
 
-@pytest.mark.parametrize("module", ["bench.run", "bench.pipeline", "bench.load", "bench.advise"])
+@pytest.mark.parametrize("module", ["bench.studies.speedup", "bench.studies.pipeline", "bench.studies.load", "bench.replay.advise"])
 def test_a_bench_tool_refuses_a_wrong_model_directory_in_one_line(module, tmp_path, capsys):
     import importlib
 
     main = importlib.import_module(module).main
-    flag = "--target" if module == "bench.advise" else "--model"
+    flag = "--target" if module == "bench.replay.advise" else "--model"
     for path, says in [(tmp_path / "missing", "is not a directory"), (tmp_path, "has no config.json")]:
-        argv = [flag, str(path)] + (["--prompts", "p.jsonl"] if module == "bench.advise" else [])
+        argv = [flag, str(path)] + (["--prompts", "p.jsonl"] if module == "bench.replay.advise" else [])
         with pytest.raises(SystemExit) as exit_info:
             main(argv)
         assert exit_info.value.code == 2
