@@ -3,7 +3,8 @@
 SuffixDecoding (Oliaro et al., arXiv 2411.04975; vLLM's `suffix` method, backed by Snowflake's
 arctic-inference). No model. Two kinds of suffix tree (`draft_service/suffix_cache.py`):
 - the request's own: its prompt and the tokens the target has verified so far;
-- the global cache: the outputs of finished requests, one tree per scope (`--suffix-scope`).
+- the global cache: the outputs of finished requests, one tree per scope (`--suffix-scope`: per tenant by
+  default), each scope under its own budget, so one tenant's traffic never evicts another's outputs.
 Each proposal takes the request's own draft unless the cache matched a longer tail of the context
 (`prefer_own`; Arctic takes the better score). Its length adapts to the evidence: at most
 `max_spec_factor * match_len` tokens, and it stops where the continuation's estimated probability
@@ -42,7 +43,7 @@ from __future__ import annotations
 import dataclasses
 
 from draft_service.proposer import DraftSequence, Proposer, ProposerError
-from draft_service.suffix_cache import Draft, Insertion, SuffixCache, SuffixTree
+from draft_service.suffix_cache import DEFAULT_MAX_SCOPES, Draft, Insertion, SuffixCache, SuffixTree
 from specdec import metrics
 from specdec.config import option
 from specdec.draft_block import DraftBlock
@@ -60,10 +61,19 @@ class SuffixConfig:
 
     suffix_max_depth: int = option(24, "suffix tree depth: the longest match plus draft, in tokens (vLLM's default; "
                                        "Arctic's is 64)")
-    suffix_max_cached_requests: int = option(10000, "finished outputs the global cache keeps, oldest evicted first "
+    suffix_max_cached_requests: int = option(10000, "finished outputs each tenant's cache keeps (the one cache's, "
+                                                    "with --suffix-scope global), its own oldest evicted first "
                                                     "(vLLM's default; 0 turns the global cache off)")
-    suffix_max_cached_tokens: int = option(200_000, "output tokens the global cache keeps, oldest evicted first "
-                                                    "(0 turns it off); about 0.25 KB of memory each")
+    suffix_max_cached_tokens: int = option(200_000, "output tokens each tenant's cache keeps (the one cache's, with "
+                                                    "--suffix-scope global), its own oldest evicted first, so no "
+                                                    "tenant's traffic evicts another's (0 turns it off). All caches "
+                                                    "hold at most --suffix-max-tenants x this many tokens, each at "
+                                                    "most 2 tree nodes")
+    suffix_max_tenants: int = option(
+        DEFAULT_MAX_SCOPES, "tenants whose caches are kept (--suffix-scope tenant): a new tenant beyond this evicts the "
+                            "whole cache of the tenant that drafted or finished a request least recently, so memory "
+                            "stays bounded and a newcomer still gets a cache. At least the number of API keys: then "
+                            "no tenant's cache is ever evicted for another's")
     suffix_scope: str = option("tenant", "share the global cache across all requests, or keep one per tenant "
                                          "(a shared cache lets one tenant's speed reveal what others generated)",
                                choices=list(SCOPES))
@@ -86,6 +96,8 @@ class SuffixConfig:
             problems.append(f"--suffix-max-cached-requests must be >= 0, got {self.suffix_max_cached_requests}")
         if self.suffix_max_cached_tokens < 0:
             problems.append(f"--suffix-max-cached-tokens must be >= 0, got {self.suffix_max_cached_tokens}")
+        if self.suffix_max_tenants < 1:
+            problems.append(f"--suffix-max-tenants must be at least 1, got {self.suffix_max_tenants}")
         if self.suffix_scope not in SCOPES:
             problems.append(f"--suffix-scope must be one of {', '.join(SCOPES)}, got {self.suffix_scope!r}")
         if not self.suffix_max_spec_factor > 0:
@@ -209,6 +221,8 @@ def record_insertion(cache: SuffixCache, insertion: Insertion) -> None:
         metrics.SUFFIX_EVICTIONS.labels(reason="requests").inc(insertion.evicted_for_requests)
     if insertion.evicted_for_tokens:
         metrics.SUFFIX_EVICTIONS.labels(reason="tokens").inc(insertion.evicted_for_tokens)
+    if insertion.evicted_for_scopes:
+        metrics.SUFFIX_EVICTIONS.labels(reason="tenants").inc(insertion.evicted_for_scopes)
     metrics.SUFFIX_CACHED_REQUESTS.set(cache.cached_requests)
     metrics.SUFFIX_CACHED_TOKENS.set(cache.cached_tokens)
 
@@ -221,7 +235,8 @@ class SuffixProposer(Proposer):
     def __init__(self, config: SuffixConfig | None = None):
         self.config = config or SuffixConfig()
         self.cache = SuffixCache(self.config.suffix_max_depth, self.config.suffix_max_cached_requests,
-                                 self.config.suffix_max_cached_tokens)
+                                 self.config.suffix_max_cached_tokens,
+                                 self.config.suffix_max_tenants if self.config.suffix_scope == "tenant" else 1)
 
     def start(self, prompt_ids: list[int], sampling: SamplingParams, return_probs: bool,
               tenant: str = "") -> SuffixSequence:

@@ -3,7 +3,8 @@
     POST /v1/chat/completions   the chat template comes from the tokenizer
     POST /v1/completions        one prompt: text or token ids
     GET  /v1/models             the one served model
-    GET  /health                200 while the verifier serves and is usable, 503 otherwise (open, for probes)
+    GET  /health                200 while the verifier is usable, 503 with the reason otherwise (open, for probes):
+                                the verdict gRPC health reports too (gateway/verifier_watch.py)
     GET  /openapi.json          the API's schema; needs the key when --api-keys is set (/docs and /redoc are off)
 
 Every error is OpenAI's error object with the right status, whatever failed.
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hmac
 import json
 import logging
@@ -29,7 +31,6 @@ import grpc
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
 from sse_starlette import EventSourceResponse
 from starlette.exceptions import HTTPException
@@ -51,16 +52,18 @@ from gateway.openai_protocol import (
 )
 
 log = logging.getLogger(__name__)
-HEALTH_TIMEOUT_S = 2.0
 
 
-class ServedModel(typing.NamedTuple):
+@dataclasses.dataclass
+class ServedModel:
+    """The model the API serves, as the verifier reports it: the gateway updates it when the verifier reports
+    another name or context (gateway/__main__.py), and every response reads it then."""
+
     name: str
     max_context: int
 
 
-def create_app(generation: Generation, model: ServedModel, api_keys: list[str],
-               verifier_health: health_pb2_grpc.HealthStub) -> FastAPI:
+def create_app(generation: Generation, model: ServedModel, api_keys: list[str]) -> FastAPI:
     keys = [key.encode() for key in api_keys]
     app = FastAPI(title="specdec gateway: OpenAI-compatible API", docs_url=None, redoc_url=None,
                   openapi_url=None if keys else "/openapi.json")  # with keys: the route below, behind the key
@@ -100,16 +103,9 @@ def create_app(generation: Generation, model: ServedModel, api_keys: list[str],
 
     @app.get("/health")
     async def health():
+        """The gateway's one verdict, which its gRPC health also reports: no probe of its own that could differ."""
         if generation.verifier_problem:
             raise OpenAIError(503, generation.verifier_problem, code="service_unavailable")
-        try:
-            reply = await verifier_health.Check(health_pb2.HealthCheckRequest(), timeout=HEALTH_TIMEOUT_S)
-            serving = reply.status == health_pb2.HealthCheckResponse.SERVING
-        except grpc.aio.AioRpcError as exc:
-            serving = False
-            log.debug("verifier health check failed: %s", exc.code().name)
-        if not serving:
-            raise OpenAIError(503, "the verifier service is not serving; retry shortly", code="service_unavailable")
         return {"status": "ok"}
 
     @app.get("/v1/models", dependencies=[Depends(authorized)])

@@ -88,7 +88,7 @@ async def running_gateway(tokenizer, verifier: FakeVerifier, api_keys=(KEY,), co
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{verifier_port}")
     generation = Generation(tokenizer, verifier_pb2_grpc.VerifierServiceStub(channel),
                             ModelLimits(len(tokenizer), context), GatewayConfig(api_keys=",".join(api_keys), **config))
-    app = create_app(generation, ServedModel(MODEL, context), list(api_keys), health_pb2_grpc.HealthStub(channel))
+    app = create_app(generation, ServedModel(MODEL, context), list(api_keys))
     server_config = ServerConfig(host="127.0.0.1", grace_s=1)
     http = await start_http(app, server_config, 0)
     gateway_server = await grpc_server.start_server(

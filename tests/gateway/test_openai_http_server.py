@@ -1,7 +1,7 @@
 """gateway.http_server: the HTTP API on uvicorn in our event loop, with the gRPC server's TLS flags.
 
 Real sockets, real TLS (a throwaway CA) and a real verifier channel that finds
-nobody listening, so /health answers 503 with OpenAI's error object.
+nobody listening: the verifier watch says so, and /health answers 503 with OpenAI's error object.
 """
 
 from __future__ import annotations
@@ -15,16 +15,17 @@ import urllib.request
 
 import grpc
 import pytest
-from grpc_health.v1 import health_pb2_grpc
 
 from gateway.config import GatewayConfig
 from gateway.generation import Generation
 from gateway.http_server import start_http, tls_options
 from gateway.openai_api import ServedModel, create_app
 from gateway.validation import ModelLimits
+from gateway.verifier_watch import VerifierWatch
 from specdec.config import ServerConfig
 from specdec.grpc_server import ConfigError
 from specdec.stack import free_port
+from specdec.v1 import common_pb2
 from tests.reliability.support import Certs
 
 KEY = "sk-http-test"
@@ -56,8 +57,13 @@ def serve_and_call(server_cfg: ServerConfig, calls) -> list:
 
     async def main():
         channel = grpc.aio.insecure_channel(f"127.0.0.1:{free_port()}")  # nobody listens there
-        app = create_app(Generation(None, None, ModelLimits(100, 64), GatewayConfig()), ServedModel("tiny", 64),
-                         [KEY], health_pb2_grpc.HealthStub(channel))
+        generation = Generation(None, None, ModelLimits(100, 64), GatewayConfig())
+
+        async def verifier_changed(problem, _info):  # as gateway/__main__.py does
+            generation.verifier_problem = problem
+
+        await VerifierWatch(channel, "nobody", common_pb2.ModelInfo(), 60, verifier_changed).check_and_report()
+        app = create_app(generation, ServedModel("tiny", 64), [KEY])
         http = await start_http(app, server_cfg, 0)
         try:
             return await asyncio.to_thread(calls, http.port)
