@@ -34,7 +34,7 @@ class ModelSequence(DraftSequence):
         proposal, rows = [], []
         for _ in range(k):
             logits = self._feed(self.tokens[self.cached_length :])  # [V] after the last token
-            # Sampled on the CPU, where the seeded generator lives (probs travel to the verifier anyway).
+            # Drawn on the CPU, where the generator and the keyed noise live (q may travel to the verifier).
             q = probs_from_logits(logits[None], self.sampling)[0].float().cpu()  # [V]
             token = self._draw(q)
             self.tokens.append(token)

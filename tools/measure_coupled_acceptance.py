@@ -12,7 +12,13 @@ target's p and the draft's q are computed at every position (one forward pass ea
 The draft is the target with Gaussian noise added to every weight (--noise, relative to each tensor's std), or a
 given --draft model.
 
+With --stack DIR, it also saves the first perturbed draft to DIR and runs the three services with it (model draft,
+fixed k): the acceptance rate of seeded requests (the coupled rule, the draft sampling with the keyed noise) against
+unseeded ones (rejection sampling), as the responses' SpeculationStats count it.
+
     python tools/measure_coupled_acceptance.py --model .cache/models/smollm2-135m-instruct --noise 0.05 0.1 0.2
+    python tools/measure_coupled_acceptance.py --model .cache/models/smollm2-135m-instruct --noise 0.05 \
+        --stack /tmp/perturbed-draft
 """
 
 from __future__ import annotations
@@ -20,7 +26,10 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import pathlib
+import shutil
 import sys
+import tempfile
 
 import torch
 
@@ -84,6 +93,43 @@ def acceptance(p: torch.Tensor, q: torch.Tensor, draws: int, generator: torch.Ge
             "positions": int(p.shape[0])}
 
 
+def through_stack(model: str, draft, draft_dir: pathlib.Path, params: SamplingParams, k: int, max_tokens: int,
+                  seeds: int) -> None:
+    """Acceptance of seeded (coupled) and unseeded (rejection) requests through the real services."""
+    import grpc
+
+    from specdec.stack import running_stack
+    from specdec.v1 import gateway_pb2, gateway_pb2_grpc
+
+    draft.save_pretrained(draft_dir)
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json"):
+        if (pathlib.Path(model) / name).exists():
+            shutil.copy(pathlib.Path(model) / name, draft_dir / name)
+    with tempfile.TemporaryDirectory() as logs, running_stack(model, draft_dir, method="model",
+                                                              log_dir=pathlib.Path(logs), timeout_s=300) as services:
+        with grpc.insecure_channel(services["gateway"].address) as channel:
+            stub = gateway_pb2_grpc.GatewayStub(channel)
+            for rule, seeded in (("coupled (seeded)", True), ("rejection (unseeded)", False)):
+                drafted = accepted = rounds = tokens = 0
+                for seed in range(seeds):
+                    for prompt in PROMPTS:
+                        request = gateway_pb2.GenerateRequest(prompt=chatml(prompt), max_tokens=max_tokens,
+                                                              temperature=params.temperature,
+                                                              num_speculative_tokens=k)
+                        if params.top_p < 1.0:
+                            request.top_p = params.top_p
+                        if seeded:
+                            request.seed = params.seed + seed
+                        stats = stub.Generate(request, timeout=600).speculation
+                        drafted += stats.num_draft_tokens
+                        accepted += stats.num_accepted_tokens
+                        rounds += stats.num_drafts
+                        tokens += stats.num_accepted_tokens + stats.num_drafts
+                print(json.dumps({"stack": rule, "k": k, "requests": seeds * len(PROMPTS), "draft_tokens": drafted,
+                                  "acceptance_rate": round(accepted / max(drafted, 1), 4),
+                                  "tokens_per_drafted_round": round(tokens / max(rounds, 1), 3)}), flush=True)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", required=True)
@@ -95,6 +141,9 @@ def main(argv=None) -> int:
     parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--draws", type=int, default=64, help="Gumbel noise vectors per position")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--stack", type=pathlib.Path, help="also measure through the services, the draft saved here")
+    parser.add_argument("--k", type=int, default=4, help="--stack: the fixed k")
+    parser.add_argument("--stack-seeds", type=int, default=2, help="--stack: requests per prompt and rule")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     tokenizer = load_tokenizer(args.model)
@@ -114,6 +163,8 @@ def main(argv=None) -> int:
         print(json.dumps({"draft": name, "temperature": args.temperature, "top_p": args.top_p, **{
             key: round(value, 4) if isinstance(value, float) else value for key, value in result.items()}}))
         sys.stdout.flush()
+    if args.stack:
+        through_stack(args.model, drafts[0][1], args.stack, params, args.k, args.max_tokens, args.stack_seeds)
     return 0
 
 
