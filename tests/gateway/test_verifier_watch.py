@@ -24,13 +24,19 @@ class ModelInfoOnly(verifier_pb2_grpc.VerifierServiceServicer):
         return verifier_pb2.GetModelInfoResponse(info=self.info)
 
 
+async def model_info_server() -> tuple[grpc.aio.Server, "ModelInfoOnly", int]:
+    """A started verifier stand-in that only answers GetModelInfo, on a free port."""
+    server = grpc.aio.server()
+    servicer = ModelInfoOnly()
+    verifier_pb2_grpc.add_VerifierServiceServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    return server, servicer, port
+
+
 def test_reports_each_change_once_and_nothing_while_nothing_changes():
     async def scenario():
-        server = grpc.aio.server()
-        servicer = ModelInfoOnly()
-        verifier_pb2_grpc.add_VerifierServiceServicer_to_server(servicer, server)
-        port = server.add_insecure_port("127.0.0.1:0")
-        await server.start()
+        server, servicer, port = await model_info_server()
         reports = []
 
         async def on_change(problem, info):
@@ -73,11 +79,7 @@ def test_the_first_check_is_always_reported():
 
 def test_another_model_with_the_same_tokenizer_is_unusable_until_the_pinned_one_is_back():
     async def scenario():
-        server = grpc.aio.server()
-        servicer = ModelInfoOnly()
-        verifier_pb2_grpc.add_VerifierServiceServicer_to_server(servicer, server)
-        port = server.add_insecure_port("127.0.0.1:0")
-        await server.start()
+        server, servicer, port = await model_info_server()
         reports = []
 
         async def on_change(problem, info):
