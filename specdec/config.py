@@ -100,7 +100,8 @@ def option(default, help: str, **metadata):  # noqa: A002 (mirrors argparse)
 class ServerConfig:
     """gRPC server, metrics, TLS and logging"""
 
-    host: str = option("[::]", "address to listen on")
+    host: str = option("[::]", "address to listen on ([::] or 0.0.0.0: every interface); the internal services "
+                               "(verifier, draft) listen on loopback unless told otherwise")
     port: int = option(0, "gRPC port (0 picks a free one and logs it)")
     metrics_port: int = option(-1, "Prometheus /metrics port (-1 turns it off)")
     tls_cert: str = option("", "PEM server certificate; with --tls-key, serves TLS")
@@ -118,6 +119,16 @@ class ServerConfig:
             "the internal services (verifier, draft) then refuse calls without it (UNAUTHENTICATED); health "
             "checks stay open. Empty: no token", metavar="PATH")
     grace_s: float = option(5.0, "seconds to drain in-flight calls on shutdown")
+
+
+@dataclasses.dataclass(frozen=True)
+class InternalServiceConfig:
+    """Exposure of an internal service (the verifier, the draft)"""
+
+    insecure: bool = option(
+        False, "serve on a non-loopback --host although callers are not authenticated (no --internal-token-file, "
+               "no mTLS): anyone who can reach the port can then decode on this service and read what the draft "
+               "learnt. Without it, such a bind refuses to start; a loopback --host needs neither")
 
 
 @dataclasses.dataclass(frozen=True)
