@@ -45,10 +45,13 @@ def add_arguments(parser, config_type: type, defaults: dict | None = None) -> No
         default = field.default if field.default is not dataclasses.MISSING else field.default_factory()
         default = (defaults or {}).get(field.name, default)
         help_text = field.metadata.get("help", "")
+        is_bool = _converter(field.type) is _parse_bool
         parser.add_argument(
             flag_name(field.name),
             dest=field.name,
             type=_converter(field.type),
+            nargs="?" if is_bool else None,  # a bare `--insecure` means true; `--insecure false` still parses
+            const=True if is_bool else None,
             default=None,
             choices=field.metadata.get("choices"),
             metavar=field.metadata.get("metavar"),
