@@ -6,11 +6,11 @@ import dataclasses
 
 from draft_service.faults import FaultInjection
 from draft_service.suffix import SuffixConfig
-from specdec.config import ModelConfig, option
+from specdec.config import InternalServiceConfig, ModelConfig, option
 
 
 @dataclasses.dataclass(frozen=True)
-class DraftConfig(ModelConfig, SuffixConfig, FaultInjection):
+class DraftConfig(ModelConfig, SuffixConfig, FaultInjection, InternalServiceConfig):
     """Draft proposer"""
 
     model: str = option("", "draft model dir (method=model), or the tokenizer dir the n-gram proposer reports")

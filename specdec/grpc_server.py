@@ -4,7 +4,10 @@ Every service serves grpc.health.v1 and server reflection. Shutdown follows the
 gRPC examples: health NOT_SERVING first, then drain in-flight calls, then stop.
 Every server parses requests without tracebacks and closes response streams in
 their own task (`specdec.interceptors`); with --internal-token-file, every
-channel sends the token and the internal services require it.
+channel sends the token and the internal services require it. Without it, an
+internal service serves on loopback only unless --insecure
+(`check_internal_exposure`), and trusts a caller's tenant only from loopback or
+a verified client certificate.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from specdec import interceptors as call_interceptors
-from specdec import limits, telemetry
+from specdec import limits, loopback, telemetry
 from specdec.config import ServerConfig
 
 log = logging.getLogger(__name__)
@@ -53,6 +56,27 @@ def internal_token(config: ServerConfig) -> str:
         raise ConfigError(f"the internal token in {config.internal_token_file} must be at least 16 printable ASCII "
                           f"characters without spaces: {fix}")
     return token
+
+
+def callers_authenticated(config: ServerConfig) -> bool:
+    """Whether every call to an internal service proves where it comes from: the internal token, or a client
+    certificate from --tls-ca (mTLS)."""
+    return bool(config.internal_token_file or (config.tls_ca and config.tls_cert and config.tls_require_client_cert))
+
+
+def check_internal_exposure(config: ServerConfig, insecure: bool) -> None:
+    """An internal service (verifier, draft) refuses to serve unauthenticated callers beyond loopback unless told
+    to (--insecure): the port would let anyone decode, and read what the draft learnt from other users."""
+    if callers_authenticated(config) or loopback.is_loopback_host(config.host):
+        return
+    if insecure:
+        log.warning("--insecure: serving on --host %s without authenticating callers; anyone who can reach the port "
+                    "can use this service", config.host)
+        return
+    raise ConfigError(f"refusing to serve on --host {config.host}: it is reachable from other machines and nothing "
+                      "authenticates callers; set --internal-token-file (the same token on every service) or mTLS "
+                      "(--tls-cert, --tls-key, --tls-ca), or bind loopback (--host 127.0.0.1), or pass --insecure "
+                      "to serve it open")
 
 
 def message_options(config: ServerConfig, max_receive_bytes: int = 0) -> list[tuple[str, int]]:
@@ -141,7 +165,8 @@ async def start_server(
 
     request_size: requests larger than what the service can use are refused unread (INVALID_ARGUMENT)."""
     token = internal_token(config)
-    guards = [call_interceptors.RequireInternalToken(token)] if token else []
+    guards = ([call_interceptors.RequireInternalToken(token)] if token
+              else [call_interceptors.TenantFromAuthenticatedPeers(log)])
     # outermost first: CloseStreams must wrap the tracing span, ParseRequests sits next to the servicer
     server = grpc.aio.server(
         interceptors=[call_interceptors.CloseStreams(), *telemetry.server_interceptors(), *guards, *interceptors,

@@ -18,7 +18,8 @@ from verifier_service.engine import TransformersEngine
 from verifier_service.server import VerifierServicer
 
 log = logging.getLogger("verifier_service")
-DEFAULTS = {"port": 50052, "metrics_port": 9102}
+# An internal service listens on loopback unless --host says otherwise (closed by default; see --insecure).
+DEFAULTS = {"host": "127.0.0.1", "port": 50052, "metrics_port": 9102}
 
 
 def build_engine(cfg: VerifierConfig, info) -> tuple[Engine, int]:

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 
-from specdec.config import ModelConfig, option
+from specdec.config import InternalServiceConfig, ModelConfig, option
 
 
 @dataclasses.dataclass(frozen=True)
-class VerifierConfig(ModelConfig):
+class VerifierConfig(ModelConfig, InternalServiceConfig):
     """Target model and speculation"""
 
     model: str = option("", "target model: a local directory (or a hub id where a hub is reachable)")

@@ -94,6 +94,14 @@ def test_bool_values_from_flag_and_env(monkeypatch, text, value):
     assert parse_knobs("--verbose", str(not value)).verbose is (not value)  # the flag still wins
 
 
+def test_a_bare_bool_flag_means_true(monkeypatch):
+    """`--insecure` as the issue writes it, not only `--insecure true`."""
+    assert parse_knobs("--verbose").verbose is True
+    assert parse_knobs("--verbose", "--threads", "3") == Knobs(threads=3, verbose=True)
+    monkeypatch.setenv("SPECDEC_VERBOSE", "false")
+    assert parse_knobs("--verbose").verbose is True
+
+
 def test_an_empty_bool_variable_is_false(monkeypatch):
     monkeypatch.setenv("SPECDEC_VERBOSE", "")
     assert parse_knobs().verbose is False
