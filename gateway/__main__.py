@@ -11,7 +11,7 @@ import grpc
 from gateway.auth import ApiKeyInterceptor, parse_keys
 from gateway.config import GatewayConfig
 from gateway.generation import Generation
-from gateway.http_server import RunningHttp, start_http
+from gateway.http_server import ConnectionLimits, RunningHttp, start_http
 from gateway.openai_api import ServedModel, create_app
 from gateway.server import GatewayServicer
 from gateway.validation import ModelLimits
@@ -100,7 +100,9 @@ async def serve(server_cfg: specdec_config.ServerConfig, cfg: GatewayConfig) -> 
     http = None
     if cfg.http_port >= 0:
         app = create_app(generation, served, keys)
-        http = await start_http(app, server_cfg, cfg.http_port)
+        http = await start_http(app, server_cfg, cfg.http_port,
+                                ConnectionLimits(cfg.http_header_timeout_s, cfg.http_keep_alive_s,
+                                                 cfg.http_max_connections))
         log.info("OpenAI-compatible HTTP API on port %d (%s)", http.port,
                  "https" if server_cfg.tls_cert else "http")
     running = await grpc_server.start_server(
