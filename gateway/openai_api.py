@@ -37,6 +37,7 @@ from starlette.exceptions import HTTPException
 
 from gateway.auth import presented_key
 from gateway.body_limit import JSON_BYTES_PER_CHAR, OVERHEAD_BYTES, BodyLimit
+from gateway.body_parse import BodyShape, max_values_for
 from gateway.generation import Generation, GenerationError, Piece
 from gateway.openai_protocol import (
     ChatCompletionRequest,
@@ -68,6 +69,8 @@ def create_app(generation: Generation, model: ServedModel, api_keys: list[str]) 
     app = FastAPI(title="specdec gateway: OpenAI-compatible API", docs_url=None, redoc_url=None,
                   openapi_url=None if keys else "/openapi.json")  # with keys: the route below, behind the key
     limits_ = generation.limits
+    # The middleware added last runs first: the body is bounded in bytes (BodyLimit) before its shape is walked.
+    app.add_middleware(BodyShape, offload=generation.offload, max_values=max_values_for(limits_.prompt_tokens))
     app.add_middleware(BodyLimit, max_bytes=limits_.prompt_chars * JSON_BYTES_PER_CHAR + OVERHEAD_BYTES,
                        why=f"{limits_.prompt_limit_words()} and a token is at most {limits_.max_token_chars} "
                            "characters:")
@@ -119,7 +122,7 @@ def create_app(generation: Generation, model: ServedModel, api_keys: list[str]) 
     @app.post("/v1/chat/completions", dependencies=[Depends(authorized)])
     async def chat_completions(body: ChatCompletionRequest, request: Request):
         check_body(body, model)
-        prompt = await render_chat(generation.tokenizer, body)
+        prompt = await render_chat(generation, body)
         return await serve(generation, body, prompt, reply(body, chat=True), request)
 
     @app.post("/v1/completions", dependencies=[Depends(authorized)])
@@ -140,15 +143,19 @@ def check_body(body, model: ServedModel) -> None:
                                "(GET /v1/models)", "model", "model_not_found")
 
 
-async def render_chat(tokenizer, body: ChatCompletionRequest) -> str:
+async def render_chat(generation: Generation, body: ChatCompletionRequest) -> str:
     """The conversation as prompt text, through the tokenizer's chat template (off the event loop)."""
+    tokenizer = generation.tokenizer
     if not getattr(tokenizer, "chat_template", None):
         raise OpenAIError(400, "the model's tokenizer has no chat template; use /v1/completions with a prompt",
                           "messages")
     messages = [{"role": message.role, "content": message.text(), **({"name": message.name} if message.name else {})}
                 for message in body.messages]  # `name` as vLLM passes it: most templates ignore it
+    too_long = generation.limits.messages_size_problem([message["content"] for message in messages])
+    if too_long:
+        raise OpenAIError(400, too_long, "messages")
     try:
-        return await asyncio.get_running_loop().run_in_executor(None, lambda: tokenizer.apply_chat_template(
+        return await generation.offload.run(lambda: tokenizer.apply_chat_template(
             messages, add_generation_prompt=True, tokenize=False))
     except Exception as exc:  # jinja2 raises TemplateError for conversations the template refuses
         raise OpenAIError(400, f"the chat template refused the messages: {exc}", "messages") from exc

@@ -50,6 +50,17 @@ class ModelLimits:
                     f"{self.prompt_tokens} tokens can have ({self.prompt_chars}); {self.prompt_limit_words()}")
         return None
 
+    def messages_size_problem(self, contents: list[str]) -> str | None:
+        """The cheap check before a chat template renders: more messages than a prompt that fits has tokens
+        (each renders to at least one), or more characters than it can hold, in words."""
+        if len(contents) > self.prompt_tokens:
+            return f"messages has {len(contents)} messages; {self.prompt_limit_words()}"
+        chars = sum(len(content) for content in contents)
+        if chars > self.prompt_chars:
+            return (f"messages have {chars} characters, more than any prompt of at most {self.prompt_tokens} "
+                    f"tokens can have ({self.prompt_chars}); {self.prompt_limit_words()}")
+        return None
+
     def prompt_limit_words(self) -> str:
         if self.prompt_tokens < self.max_context:
             return f"prompts may have at most {self.prompt_tokens} tokens (--max-prompt-tokens)"

@@ -65,3 +65,10 @@ def test_an_unset_max_tokens_is_held_to_the_room_the_prompt_leaves():
                                  "leave no room for output")
     with pytest.raises(InvalidRequest, match="max_tokens 45 plus 20 prompt tokens exceeds"):
         check_generate_request(ids_request(20, max_tokens=45), [5] * 20, uncapped, 256, -1)
+
+
+def test_a_conversation_that_cannot_fit_is_refused_before_its_template_renders():
+    assert CAPPED.messages_size_problem(["a"] * 10) is None
+    assert CAPPED.messages_size_problem(["a"] * 11) == \
+        "messages has 11 messages; prompts may have at most 10 tokens (--max-prompt-tokens)"
+    assert CAPPED.messages_size_problem(["x" * 30, "x" * 21]).startswith("messages have 51 characters")
