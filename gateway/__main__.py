@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import gc
 import logging
 
 import grpc
@@ -127,6 +128,10 @@ async def serve(server_cfg: specdec_config.ServerConfig, cfg: GatewayConfig) -> 
                 served.name = info.model
         await running.set_serving(problem is None)
 
+    # What start-up loaded (the tokenizer, the libraries) lives as long as the process: keep it out of the
+    # garbage collector's full passes, which hold the interpreter lock, and so every request and health check,
+    # for as long as they take to walk it.
+    gc.freeze()
     watch = asyncio.create_task(
         VerifierWatch(channel, cfg.verifier, tokenizer_info, cfg.peer_check_s, verifier_changed, model=target).run())
     try:

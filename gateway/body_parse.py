@@ -81,7 +81,9 @@ class _CountingScanner:
                 self.depth -= 1
             if len(value) > self.max_values:  # members that are true, false or null are not counted one by one
                 self.count(len(value))
-            return value, end
+            # Only the shape is wanted: drop the value, so that no container outlives its parse (a walk that kept
+            # them would also set off the garbage collector's full passes, which hold the interpreter lock).
+            return None, end
         return parse_container
 
 
