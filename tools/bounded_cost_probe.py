@@ -149,7 +149,7 @@ def measure(name: str, pid: int, http_port: int, grpc_address: str, calls: list)
     }
 
 
-def probe(grpc_address: str, http_port: int, pid: int) -> list[dict]:
+def probe(grpc_address: str, http_port: int, pid: int, only: list[str] | None = None) -> list[dict]:
     cjk_body = json.dumps({"prompt": cjk(655_000), "max_tokens": 4}, ensure_ascii=False).encode()
     grpc_prompt = cjk(240_000, seed=1)
     chat_body = json.dumps({"messages": [{"role": "user", "content": "a"}] * 250_000},
@@ -170,6 +170,8 @@ def probe(grpc_address: str, http_port: int, pid: int) -> list[dict]:
     ]
     results = []
     for name, calls in cases:
+        if only and name not in only:
+            continue
         result = measure(name, pid, http_port, grpc_address, calls)
         print(json.dumps(result), flush=True)
         results.append(result)
@@ -177,13 +179,15 @@ def probe(grpc_address: str, http_port: int, pid: int) -> list[dict]:
 
 
 def checks(results: list[dict]) -> dict[str, bool]:
+    """The bars, over the cases that ran."""
     by_name = {result["case"]: result for result in results}
+    cjk = [by_name[n] for n in ("cjk_http", "cjk_http_x3", "cjk_grpc") if n in by_name]
+    chat = [by_name[n] for n in ("chat_250k", "chat_250k_again") if n in by_name]
     return {
-        "cjk peak RSS growth < 100 MiB": all(by_name[n]["peak_growth_mib"] < 100
-                                             for n in ("cjk_http", "cjk_http_x3", "cjk_grpc")),
-        "cjk answered within 1 s": all(by_name[n]["slowest_answer_s"] < 1 for n in ("cjk_http", "cjk_grpc")),
-        "chat_250k health within 100 ms": by_name["chat_250k"]["http_health_max_ms"] < 100
-                                          and by_name["chat_250k"]["grpc_health_max_ms"] < 100,
+        "cjk peak RSS growth < 100 MiB": all(r["peak_growth_mib"] < 100 for r in cjk),
+        "cjk answered within 1 s": all(r["slowest_answer_s"] < 1 for r in cjk if r["case"] != "cjk_http_x3"),
+        "chat_250k health within 100 ms": all(r["http_health_max_ms"] < 100 and r["grpc_health_max_ms"] < 100
+                                              for r in chat),
     }
 
 
@@ -194,6 +198,7 @@ def main(argv=None) -> int:
     parser.add_argument("--http-port", type=int)
     parser.add_argument("--gateway-pid", type=int)
     parser.add_argument("--out", help="also write the results here as JSON")
+    parser.add_argument("--cases", help="comma-separated case names to run (default: all)")
     args = parser.parse_args(argv)
     with contextlib.ExitStack() as stack:
         if args.model:
@@ -207,7 +212,7 @@ def main(argv=None) -> int:
             address, http_port, pid = args.gateway, args.http_port, args.gateway_pid
         else:
             parser.error("give --model, or --gateway, --http-port and --gateway-pid")
-        results = probe(address, http_port, pid)
+        results = probe(address, http_port, pid, args.cases.split(",") if args.cases else None)
     verdict = checks(results)
     print(json.dumps({"checks": verdict}, indent=1))
     if args.out:
