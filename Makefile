@@ -58,19 +58,19 @@ test-fast: setup  ## the suite without slow (real-model, multi-process, vLLM) te
 	$(PY) -m pytest -q -m "not slow and not vllm"
 
 bench: setup model  ## does speculation pay for my workload? writes bench/results/
-	$(PY) -m bench --model $(MODEL_DIR)
+	$(PY) -m bench speedup --model $(MODEL_DIR)
 
 .PHONY: bench-load
 bench-load: setup setup-vllm model  ## capacity under load through the OpenAI HTTP API (vllm bench serve): TTFT, ITL, tok/s per request rate, speculation off/fixed/adaptive, crossover plot in bench/results/load/
-	$(PY) -m bench.load --model $(MODEL_DIR) --engine vllm --dtype float32 --workloads extraction,faq \
+	$(PY) -m bench load --model $(MODEL_DIR) --engine vllm --dtype float32 --workloads extraction,faq \
 		--rates 0.5,1,2,4,16 --num-prompts 32 --max-tokens 32 --repeats 2 --name vllm-fp32-smollm2-135m-default
 
 .PHONY: bench-pipeline
 bench-pipeline: setup model  ## pipelined vs serial drafting behind an injected round trip (0, 5, 20 ms): speedup, round time, hit rate in bench/results/pipeline/
-	$(PY) -m bench.pipeline --model $(MODEL_DIR)
+	$(PY) -m bench pipeline --model $(MODEL_DIR)
 
 advise: setup model  ## which proposer and k pay for your prompts: make advise PROMPTS=my_prompts.txt
-	$(PY) -m bench.advise --target $(MODEL_DIR) --prompts $(or $(PROMPTS),bench/workloads/extraction.jsonl)
+	$(PY) -m bench advise --target $(MODEL_DIR) --prompts $(or $(PROMPTS),bench/workloads/extraction.jsonl)
 
 trace-ui:  ## a local tracing UI (Arize Phoenix, own venv in .cache/phoenix-venv) taking OTLP on :4317, UI on http://localhost:6006
 	@test -x .cache/phoenix-venv/bin/phoenix || { $(PYTHON) -m venv .cache/phoenix-venv && \

@@ -16,7 +16,8 @@ from specdec.service_main import exit_process, run_main, serve_until_signal
 from specdec.v1 import draft_pb2, draft_pb2_grpc
 
 log = logging.getLogger("draft_service")
-DEFAULTS = {"port": 50053, "metrics_port": 9103}
+# An internal service listens on loopback unless --host says otherwise (closed by default; see --insecure).
+DEFAULTS = {"host": "127.0.0.1", "port": 50053, "metrics_port": 9103}
 
 
 def build_servicer(cfg: DraftConfig) -> DraftServicer:

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 
+from draft_service.faults import FaultInjection
 from draft_service.suffix import SuffixConfig
-from specdec.config import ModelConfig, option
+from specdec.config import InternalServiceConfig, ModelConfig, option
 
 
 @dataclasses.dataclass(frozen=True)
-class DraftConfig(ModelConfig, SuffixConfig):
+class DraftConfig(ModelConfig, SuffixConfig, FaultInjection, InternalServiceConfig):
     """Draft proposer"""
 
     model: str = option("", "draft model dir (method=model), or the tokenizer dir the n-gram proposer reports")
@@ -25,7 +26,7 @@ class DraftConfig(ModelConfig, SuffixConfig):
                                          "ahead with cheap proposers only (ngram, suffix: a model draft busy drafting "
                                          "ahead answers every miss only after finishing that block), "
                                          "with every proposer, or never", choices=["cheap", "always", "never"])
-    inject_delay_ms: float = option(0.0, "fault injection for tests: sleep this long before each block")
-    inject_ahead_fault: str = option("", "fault injection for tests: send every ahead block with wrong tokens "
-                                         "(wrong_tokens) or a wrong tag (wrong_tag), or flood 16 extra per round "
-                                         "(flood)", choices=["", "wrong_tokens", "wrong_tag", "flood"])
+
+    def __post_init__(self):
+        SuffixConfig.__post_init__(self)
+        FaultInjection.__post_init__(self)

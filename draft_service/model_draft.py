@@ -2,6 +2,11 @@
 
 The cache holds K/V for tokens[:cached_length]; the tokens after that are fed
 on the next proposal, so the prefix is never re-encoded.
+
+A seeded request's draft tokens are drawn with the noise the verifier keys by (seed,
+position) (Gumbel coupling): where q is close to p the draft proposes the very token
+the target will draw, which the verifier's coupled rule accepts. An unseeded request's
+draft tokens come from the draft's own random stream, as rejection sampling needs.
 """
 
 from __future__ import annotations
@@ -10,7 +15,7 @@ import torch
 
 from specdec.draft_block import DraftBlock
 from draft_service.proposer import DraftSequence, Proposer
-from specdec.sampling import SamplingParams, make_generator, probs_from_logits, sample
+from specdec.sampling import SamplingParams, keyed_sample, make_generator, probs_from_logits, sample
 from specdec.kv_cache import new_cache, rollback_cache
 
 
@@ -19,8 +24,7 @@ class ModelSequence(DraftSequence):
         self.model = model
         self.sampling = sampling
         self.return_probs = return_probs and not sampling.greedy
-        # The draft's own random stream, seeded apart from the verifier's.
-        self.generator = make_generator(None if sampling.seed is None else (sampling.seed + 1) % 2**64)
+        self.generator = make_generator(None)  # unseeded requests' own stream; seeded ones draw keyed by position
         self.cache = new_cache(model)
         self.cached_length = 0
         super().__init__(prompt_ids)
@@ -30,14 +34,22 @@ class ModelSequence(DraftSequence):
         proposal, rows = [], []
         for _ in range(k):
             logits = self._feed(self.tokens[self.cached_length :])  # [V] after the last token
-            # Sampled on the CPU, where the seeded generator lives (probs travel to the verifier anyway).
+            # Drawn on the CPU, where the generator and the keyed noise live (q may travel to the verifier).
             q = probs_from_logits(logits[None], self.sampling)[0].float().cpu()  # [V]
-            token = int(q.argmax()) if self.sampling.greedy else sample(q, self.generator)
+            token = self._draw(q)
             self.tokens.append(token)
             proposal.append(token)
             rows.append(q)
         probs = torch.stack(rows) if (self.return_probs and rows) else None  # [k, V]
         return DraftBlock(proposal, probs)
+
+    def _draw(self, q: torch.Tensor) -> int:
+        """The draft token at position len(tokens). q: [V]."""
+        if self.sampling.greedy:
+            return int(q.argmax())
+        if self.sampling.seed is not None:
+            return keyed_sample(q, self.sampling.seed, len(self.tokens))
+        return sample(q, self.generator)
 
     def _feed(self, token_ids: list[int]) -> torch.Tensor:
         input_ids = torch.tensor([token_ids], dtype=torch.long, device=self.model.device)  # [1, n]

@@ -21,6 +21,7 @@ from opentelemetry import trace
 
 from draft_service.ahead import Block, DraftAhead
 from draft_service.config import DraftConfig
+from draft_service.faults import inject_ahead_fault
 from draft_service.proposer import DraftSequence, Proposer, ProposerError
 from specdec.draft_block import DraftBlock
 from specdec import limits, metrics
@@ -215,18 +216,3 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
         problems += limits.text_problems(start.request_id, "start.request_id", limits.MAX_REQUEST_ID_LENGTH)
         problems += limits.text_problems(start.tenant, "start.tenant", limits.MAX_TENANT_LENGTH)
         return "; ".join(problems) or None
-
-
-
-def inject_ahead_fault(fault: str, message: draft_pb2.ProposeResponse, vocab_size: int) -> list:
-    """Test-only faults (--inject-ahead-fault): every ahead block wrong, mis-tagged, or flooded."""
-    if fault == "wrong_tokens":
-        message.token_ids[:] = [(t + 1) % vocab_size for t in message.token_ids]
-    elif fault == "wrong_tag":
-        message.ahead.keep_length += 1
-    elif fault == "flood":
-        extra = draft_pb2.ProposeResponse()
-        extra.CopyFrom(message)
-        extra.ahead.keep_length += 1
-        return [message] + [extra] * 16
-    return [message]

@@ -3,7 +3,8 @@
 SuffixDecoding (Oliaro et al., arXiv 2411.04975; vLLM's `suffix` method, backed by Snowflake's
 arctic-inference). No model. Two kinds of suffix tree (`draft_service/suffix_cache.py`):
 - the request's own: its prompt and the tokens the target has verified so far;
-- the global cache: the outputs of finished requests, one tree per scope (`--suffix-scope`).
+- the global cache: the outputs of finished requests, one tree per scope (`--suffix-scope`: per tenant by
+  default), each scope under its own budget, so one tenant's traffic never evicts another's outputs.
 Each proposal takes the request's own draft unless the cache matched a longer tail of the context
 (`prefer_own`; Arctic takes the better score). Its length adapts to the evidence: at most
 `max_spec_factor * match_len` tokens, and it stops where the continuation's estimated probability
@@ -25,18 +26,16 @@ again on the context plus what it drafted, and goes on while the new match is at
 CHAIN_MIN_MATCH tokens and the running probability (the product of each part's) stays above
 `min_token_prob`. The chained tokens are the block's last `num_chained`: the verifier judges them
 apart from the rest and verifies them only as far as their own acceptance pays on its measured
-round times (`SpeculationPolicy.cut_block`). Replayed (`bench.policy_sim`) on the AVX2 EPYC's fp32
-curve, where a block of 16 costs about what one of 4 does, this took adaptive suffix over n-gram on
-extraction from 1.24x to 1.66x (SQL 1.07x -> 1.23x, FAQ 1.24x -> 1.40x); where each token costs a
-third of a step (a bf16 curve) the verifier cuts most chained tokens off (extraction 1.31x -> 1.26x,
-the rest within 0.01; docs/design.md).
+round times (`SpeculationPolicy.cut_block`). Whether chained tokens pay depends on the machine: nearly
+free where a block of 16 costs about what one of 4 does, a loss where each token costs a good part of a
+step. So the draft only marks them, and the verifier, which knows its round times, decides.
 
 Proposed tokens are appended to `tokens` (the proposer contract) but indexed only once an update
 keeps them, so unverified tokens never enter any tree. Drafting ahead, the draft syncs itself to its
 own guess of the verifier's next sync (`update(..., assumed=True)`); those tokens are indexed only when
-the real sync matches (`confirm`). Indexing them at once made every miss a rollback into indexed
-tokens, and a rebuild of the request's tree: 10-15 ms a round on a 1,500-token prompt, where a
-proposal costs 0.05 ms.
+the real sync matches (`confirm`). Indexing them at once would make every miss a rollback into indexed
+tokens, which the tree cannot undo: a rebuild of the request's tree from the whole sequence, on the
+draft's event loop, where a proposal is a walk down the tree.
 """
 
 from __future__ import annotations
@@ -44,16 +43,15 @@ from __future__ import annotations
 import dataclasses
 
 from draft_service.proposer import DraftSequence, Proposer, ProposerError
-from draft_service.suffix_cache import Draft, Insertion, SuffixCache, SuffixTree
+from draft_service.suffix_cache import DEFAULT_MAX_SCOPES, Draft, Insertion, SuffixCache, SuffixTree
 from specdec import metrics
 from specdec.config import option
 from specdec.draft_block import DraftBlock
 from specdec.sampling import SamplingParams
 
 SCOPES = ("global", "tenant")
-# A chained part must rest on a match of at least this many tokens: replayed on the AVX2 EPYC curve with every chained
-# token verified, chaining on one-token matches took chat + suffix to 0.95x of n-gram, on two-token ones 0.99x
-# (extraction 1.72x either way).
+# A chained part must rest on a match of at least this many tokens: chaining on one-token matches drafts tokens that
+# low-repetition text (chat) rejects, and gains repetitive text nothing that two-token matches do not.
 CHAIN_MIN_MATCH = 2
 
 
@@ -63,20 +61,27 @@ class SuffixConfig:
 
     suffix_max_depth: int = option(24, "suffix tree depth: the longest match plus draft, in tokens (vLLM's default; "
                                        "Arctic's is 64)")
-    suffix_max_cached_requests: int = option(10000, "finished outputs the global cache keeps, oldest evicted first "
+    suffix_max_cached_requests: int = option(10000, "finished outputs each tenant's cache keeps (the one cache's, "
+                                                    "with --suffix-scope global), its own oldest evicted first "
                                                     "(vLLM's default; 0 turns the global cache off)")
-    suffix_max_cached_tokens: int = option(200_000, "output tokens the global cache keeps, oldest evicted first "
-                                                    "(0 turns it off); about 0.25 KB of memory each")
+    suffix_max_cached_tokens: int = option(200_000, "output tokens each tenant's cache keeps (the one cache's, with "
+                                                    "--suffix-scope global), its own oldest evicted first, so no "
+                                                    "tenant's traffic evicts another's (0 turns it off). All caches "
+                                                    "hold at most --suffix-max-tenants x this many tokens, each at "
+                                                    "most 2 tree nodes")
+    suffix_max_tenants: int = option(
+        DEFAULT_MAX_SCOPES, "tenants whose caches are kept (--suffix-scope tenant): a new tenant beyond this evicts the "
+                            "whole cache of the tenant that drafted or finished a request least recently, so memory "
+                            "stays bounded and a newcomer still gets a cache. At least the number of API keys: then "
+                            "no tenant's cache is ever evicted for another's")
     suffix_scope: str = option("tenant", "share the global cache across all requests, or keep one per tenant "
                                          "(a shared cache lets one tenant's speed reveal what others generated)",
                                choices=list(SCOPES))
     suffix_max_spec_factor: float = option(1.0, "draft at most this many tokens per matched token "
                                                 "(Arctic's and vLLM's default)")
     suffix_max_spec_offset: float = option(0.0, "plus this many (Arctic's default)")
-    # Arctic's and vLLM's default is 0.1. Replayed over the shipped workloads' greedy outputs with the adaptive
-    # policy on three measured CPU curves (27 workload x curve cells), 0.3 drafted faster in 22, by up to 3.9%
-    # (copy-heavy), mean +0.9%, and lost at most 0.7% (creative on one curve): a continuation seen less than
-    # 3 times in 10 is more often a rejected token than the cost of verifying it is worth on these machines.
+    # Arctic's and vLLM's default is 0.1. On a CPU, where verifying a token costs a good part of a step, a
+    # continuation seen less than 3 times in 10 is more often a rejected token than its verification is worth.
     suffix_min_token_prob: float = option(0.3, "stop the draft where the continuation's estimated probability falls "
                                                "below this (Arctic's and vLLM's default: 0.1)")
     suffix_chain: bool = option(True, "where a draft stops short of k, match again on the context plus the draft and "
@@ -91,6 +96,8 @@ class SuffixConfig:
             problems.append(f"--suffix-max-cached-requests must be >= 0, got {self.suffix_max_cached_requests}")
         if self.suffix_max_cached_tokens < 0:
             problems.append(f"--suffix-max-cached-tokens must be >= 0, got {self.suffix_max_cached_tokens}")
+        if self.suffix_max_tenants < 1:
+            problems.append(f"--suffix-max-tenants must be at least 1, got {self.suffix_max_tenants}")
         if self.suffix_scope not in SCOPES:
             problems.append(f"--suffix-scope must be one of {', '.join(SCOPES)}, got {self.suffix_scope!r}")
         if not self.suffix_max_spec_factor > 0:
@@ -198,11 +205,9 @@ def prefer_own(own: Draft, cached: Draft) -> bool:
 
     Arctic (and vLLM's `suffix`) take the higher score, a sum of continuation frequencies. On an equal
     match that favours the cache, whose frequencies pool many other outputs, over the request's own
-    text, which predicts the request better. On the structured workload (JSON and code, each prompt
-    different), replayed at k = 1 (`bench/policy_sim.py`), the suffix draft proposed 107 tokens and had
-    20 accepted; with the cache off, 79 and 38. With this rule adaptive suffix/ngram there went 0.90 ->
-    1.00 on the Xeon's fp32 curve and 0.96 -> 1.00 on the EPYC's bf16 one, and no workload's ratio fell
-    by more than 0.02. A longer match in the cache is more specific evidence than the request has, and wins.
+    text, which predicts the request better: where each prompt differs (JSON, code), a draft from the cache
+    proposes more tokens and has fewer accepted than one from the request's text alone. A longer match in the
+    cache is more specific evidence than the request has, and wins.
     """
     if not own.token_ids:
         return not cached.token_ids
@@ -216,6 +221,8 @@ def record_insertion(cache: SuffixCache, insertion: Insertion) -> None:
         metrics.SUFFIX_EVICTIONS.labels(reason="requests").inc(insertion.evicted_for_requests)
     if insertion.evicted_for_tokens:
         metrics.SUFFIX_EVICTIONS.labels(reason="tokens").inc(insertion.evicted_for_tokens)
+    if insertion.evicted_for_scopes:
+        metrics.SUFFIX_EVICTIONS.labels(reason="tenants").inc(insertion.evicted_for_scopes)
     metrics.SUFFIX_CACHED_REQUESTS.set(cache.cached_requests)
     metrics.SUFFIX_CACHED_TOKENS.set(cache.cached_tokens)
 
@@ -228,7 +235,8 @@ class SuffixProposer(Proposer):
     def __init__(self, config: SuffixConfig | None = None):
         self.config = config or SuffixConfig()
         self.cache = SuffixCache(self.config.suffix_max_depth, self.config.suffix_max_cached_requests,
-                                 self.config.suffix_max_cached_tokens)
+                                 self.config.suffix_max_cached_tokens,
+                                 self.config.suffix_max_tenants if self.config.suffix_scope == "tenant" else 1)
 
     def start(self, prompt_ids: list[int], sampling: SamplingParams, return_probs: bool,
               tenant: str = "") -> SuffixSequence:

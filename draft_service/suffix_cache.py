@@ -54,8 +54,8 @@ class SuffixTree:
 
     Nodes are ids into columns (arrays of int32/int64, a list of sequence references, a list of
     child dicts of int -> int), not objects. Python's cyclic GC does not track arrays or int-only
-    dicts: with one object per node, a full collection over a 100,000-token cache took about 1 s
-    here; with columns it takes milliseconds (bench/suffix_cost.py measures it).
+    dicts: with one object per node, a full collection would walk every node of the cache on the
+    event loop; with columns it has almost nothing to walk (`python -m bench suffix-cost` measures it).
     """
 
     def __init__(self, max_depth: int):
@@ -409,82 +409,120 @@ class Insertion:
 
     cached: int = 0  # tokens cached (fewer than given when the output was over the token budget)
     truncated: bool = False  # the output did not fit the budget whole
-    evicted_for_requests: int = 0  # older outputs evicted to respect max_requests
-    evicted_for_tokens: int = 0  # older outputs evicted to respect max_tokens
+    evicted_for_requests: int = 0  # the scope's own older outputs evicted to respect max_requests
+    evicted_for_tokens: int = 0  # the scope's own older outputs evicted to respect max_tokens
+    evicted_for_scopes: int = 0  # outputs of the scope idle longest, evicted whole to respect max_scopes
+
+
+DEFAULT_MAX_SCOPES = 8  # --suffix-max-tenants
+
+
+class _Scope:
+    """One scope's outputs (oldest first), their tree and their token count."""
+
+    __slots__ = ("tree", "entries", "tokens")
+
+    def __init__(self, max_depth: int):
+        self.tree = SuffixTree(max_depth)
+        self.entries: collections.deque[array.array] = collections.deque()
+        self.tokens = 0
 
 
 class SuffixCache:
-    """Finished outputs, one tree per scope key, evicted oldest-first under request and token budgets.
+    """Finished outputs, one tree per scope key (a tenant), each under its own request and token budgets.
 
+    A scope evicts only its own oldest outputs, so no scope's traffic evicts another's entries or changes
+    its drafts. At most `max_scopes` scopes are kept: a new one beyond that evicts, whole, the scope used
+    (drafted from or added to) least recently. So memory is bounded by max_scopes * max_tokens tokens.
     Thread-safe (one lock); a caller on one event loop pays an uncontended lock per call.
     """
 
-    def __init__(self, max_depth: int, max_requests: int, max_tokens: int):
+    def __init__(self, max_depth: int, max_requests: int, max_tokens: int, max_scopes: int = DEFAULT_MAX_SCOPES):
         if max_requests < 0 or max_tokens < 0:
             raise ValueError(f"cache budgets must be >= 0 (0 turns the cache off), got {max_requests} requests, "
                              f"{max_tokens} tokens")
+        if max_scopes < 1:
+            raise ValueError(f"the cache keeps at least 1 scope, got {max_scopes}")
         self.max_depth, self.max_requests, self.max_tokens = max_depth, max_requests, max_tokens
-        self._trees: dict[str, SuffixTree] = {}
-        self._entries: collections.deque[tuple[str, array.array]] = collections.deque()  # oldest first
-        self.cached_tokens = 0
+        self.max_scopes = max_scopes
+        self._scopes: collections.OrderedDict[str, _Scope] = collections.OrderedDict()  # least recently used first
+        self.cached_tokens = 0  # over all scopes
+        self.cached_requests = 0
         self._lock = threading.Lock()
 
     @property
-    def cached_requests(self) -> int:
-        return len(self._entries)
-
-    @property
     def scopes(self) -> list[str]:
-        return list(self._trees)
+        """The scopes kept, least recently used first."""
+        return list(self._scopes)
 
     def tree(self, scope: str) -> SuffixTree | None:
-        return self._trees.get(scope)
+        kept = self._scopes.get(scope)
+        return kept.tree if kept else None
 
     def outputs(self, scope: str) -> list[list[int]]:
         """The outputs cached under `scope`, oldest first (as cached: cut to the budget)."""
-        return [list(seq) for entry_scope, seq in self._entries if entry_scope == scope]
+        kept = self._scopes.get(scope)
+        return [list(seq) for seq in kept.entries] if kept else []
 
     def check(self) -> None:
-        """For tests: each scope's tree counts exactly its own outputs and refers to nothing else."""
-        for scope, tree in self._trees.items():
-            tree.check([seq for entry_scope, seq in self._entries if entry_scope == scope])
+        """For tests: each scope's tree counts exactly its own outputs and refers to nothing else; totals add up."""
+        for kept in self._scopes.values():
+            kept.tree.check(list(kept.entries))
+            if kept.tokens != sum(map(len, kept.entries)) or kept.tokens > self.max_tokens:
+                raise AssertionError(f"a scope counts {kept.tokens} tokens over {len(kept.entries)} outputs")
+        if self.cached_tokens != sum(kept.tokens for kept in self._scopes.values()) or \
+                self.cached_requests != sum(len(kept.entries) for kept in self._scopes.values()):
+            raise AssertionError("the cache's totals differ from its scopes'")
 
     def insert(self, scope: str, tokens: Sequence[int]) -> Insertion:
-        """Cache one finished output under `scope`, evicting the oldest outputs to stay in budget."""
+        """Cache one finished output under `scope`, evicting that scope's oldest outputs to stay in its budget
+        (and, for a new scope beyond max_scopes, the scope used least recently)."""
         result = Insertion()
         if not tokens or self.max_requests == 0 or self.max_tokens == 0:
             return result
         result.truncated = len(tokens) > self.max_tokens
         seq = array.array("i", tokens[: self.max_tokens])  # 4 bytes a token, and no int objects
         with self._lock:
-            while self._entries and len(self._entries) + 1 > self.max_requests:
-                self._evict_oldest()
+            kept = self._scopes.get(scope)
+            if kept is None:
+                while len(self._scopes) >= self.max_scopes:
+                    result.evicted_for_scopes += self._evict_least_recent_scope()
+                kept = self._scopes[scope] = _Scope(self.max_depth)
+            self._scopes.move_to_end(scope)
+            while kept.entries and len(kept.entries) + 1 > self.max_requests:
+                self._evict_oldest(kept)
                 result.evicted_for_requests += 1
-            while self._entries and self.cached_tokens + len(seq) > self.max_tokens:
-                self._evict_oldest()
+            while kept.entries and kept.tokens + len(seq) > self.max_tokens:
+                self._evict_oldest(kept)
                 result.evicted_for_tokens += 1
-            tree = self._trees.get(scope)
-            if tree is None:
-                tree = self._trees[scope] = SuffixTree(self.max_depth)
-            tree.add(seq)
-            self._entries.append((scope, seq))
+            kept.tree.add(seq)
+            kept.entries.append(seq)
+            kept.tokens += len(seq)
             self.cached_tokens += len(seq)
+            self.cached_requests += 1
         result.cached = len(seq)
         return result
 
-    def _evict_oldest(self) -> None:
-        scope, seq = self._entries.popleft()
-        tree = self._trees[scope]
-        tree.remove(seq)
+    def _evict_oldest(self, kept: _Scope) -> None:
+        seq = kept.entries.popleft()
+        kept.tree.remove(seq)
+        kept.tokens -= len(seq)
         self.cached_tokens -= len(seq)
-        if tree.empty:
-            del self._trees[scope]  # many short-lived tenants must not leave empty trees behind
+        self.cached_requests -= 1
+
+    def _evict_least_recent_scope(self) -> int:
+        """Drop the scope used least recently, tree and all (no per-output removal); returns its output count."""
+        _, kept = self._scopes.popitem(last=False)
+        self.cached_tokens -= kept.tokens
+        self.cached_requests -= len(kept.entries)
+        return len(kept.entries)
 
     def speculate(self, scope: str, context: Sequence[int], max_tokens: int, max_spec_factor: float = 1.0,
                   max_spec_offset: float = 0.0, min_token_prob: float = 0.1) -> Draft:
         with self._lock:
-            tree = self._trees.get(scope)
-            if tree is None:
+            kept = self._scopes.get(scope)
+            if kept is None:
                 return Draft()
-            return tree.speculate(array.array("i", context[1 - self.max_depth:]), max_tokens, max_spec_factor,
-                                  max_spec_offset, min_token_prob)
+            self._scopes.move_to_end(scope)  # in use: the last to be evicted for a new scope
+            return kept.tree.speculate(array.array("i", context[1 - self.max_depth:]), max_tokens, max_spec_factor,
+                                       max_spec_offset, min_token_prob)

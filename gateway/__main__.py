@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import gc
 import logging
 
 import grpc
-from grpc_health.v1 import health_pb2_grpc
 
 from gateway.auth import ApiKeyInterceptor, parse_keys
 from gateway.config import GatewayConfig
 from gateway.generation import Generation
-from gateway.http_server import RunningHttp, start_http
+from gateway.http_server import ConnectionLimits, RunningHttp, start_http
 from gateway.openai_api import ServedModel, create_app
 from gateway.server import GatewayServicer
 from gateway.validation import ModelLimits
@@ -32,7 +32,8 @@ class PeerError(RuntimeError):
 
 
 async def check_peers(cfg: GatewayConfig, channel, server_cfg, tokenizer_info):
-    """Ask the verifier (and the draft) who they are; refuse tokenizers that differ."""
+    """Ask the verifier (and the draft) who they are; refuse tokenizers that differ. Returns the verifier's ModelInfo:
+    the model the gateway serves, pinned for its life (gateway/verifier_watch.py)."""
     stub = verifier_pb2_grpc.VerifierServiceStub(channel)
     try:
         reply = await stub.GetModelInfo(verifier_pb2.GetModelInfoRequest(), timeout=cfg.peer_wait_s,
@@ -74,10 +75,11 @@ def request_size_limit(model_limits: ModelLimits) -> RequestSizeLimit:
 class FrontDoors:
     """The gRPC server and the HTTP API as one running server: stopping it drains both at once."""
 
-    def __init__(self, running: grpc_server.RunningServer, http: RunningHttp | None):
-        self.running, self.http, self.port = running, http, running.port
+    def __init__(self, running: grpc_server.RunningServer, http: RunningHttp | None, generation: Generation):
+        self.running, self.http, self.port, self.generation = running, http, running.port, generation
 
     async def stop(self, grace_s: float) -> None:
+        self.generation.verifier_problem = "the gateway is shutting down; retry on another replica"  # HTTP /health
         await asyncio.gather(self.running.stop(grace_s), *([self.http.stop()] if self.http else []))
 
 
@@ -88,16 +90,20 @@ async def serve(server_cfg: specdec_config.ServerConfig, cfg: GatewayConfig) -> 
     tokenizer_info = models.describe(cfg.model, tokenizer)
     channel = grpc_server.open_channel(cfg.verifier, server_cfg)
     target = await check_peers(cfg, channel, server_cfg, tokenizer_info)
+    log.info("the verifier serves %s (model fingerprint %s): this gateway serves that model only", target.model,
+             target.model_fingerprint or "not reported")
     token_chars, token_bytes = models.longest_token(tokenizer)
     model_limits = ModelLimits(target.vocab_size, target.max_context, cfg.max_prompt_tokens, token_chars, token_bytes)
     generation = Generation(tokenizer, verifier_pb2_grpc.VerifierServiceStub(channel), model_limits, cfg,
                             tokenizer_info.tokenizer_fingerprint)
     keys = parse_keys(cfg.api_keys)
+    served = ServedModel(cfg.served_model_name or target.model, target.max_context)  # the verifier's model
     http = None
     if cfg.http_port >= 0:
-        app = create_app(generation, ServedModel(cfg.served_model_name or cfg.model, target.max_context), keys,
-                         health_pb2_grpc.HealthStub(channel))
-        http = await start_http(app, server_cfg, cfg.http_port)
+        app = create_app(generation, served, keys)
+        http = await start_http(app, server_cfg, cfg.http_port,
+                                ConnectionLimits(cfg.http_header_timeout_s, cfg.http_keep_alive_s,
+                                                 cfg.http_max_connections))
         log.info("OpenAI-compatible HTTP API on port %d (%s)", http.port,
                  "https" if server_cfg.tls_cert else "http")
     running = await grpc_server.start_server(
@@ -110,16 +116,26 @@ async def serve(server_cfg: specdec_config.ServerConfig, cfg: GatewayConfig) -> 
 
 
     async def verifier_changed(problem: str | None, info) -> None:
+        """The one place the gateway's health changes: both front doors report what is set here."""
         generation.verifier_problem = problem
-        if info is not None:  # the same tokenizer; a new verifier may still have another context
+        if info is not None:  # the same tokenizer and model; a new verifier may still have another context or name
             generation.limits = dataclasses.replace(generation.limits, vocab_size=info.vocab_size,
                                                     max_context=info.max_context)
+            served.max_context = info.max_context
+            if not cfg.served_model_name and served.name != info.model:
+                log.info("the verifier names its model %s (was %s): serving it under that name", info.model,
+                         served.name)
+                served.name = info.model
         await running.set_serving(problem is None)
 
+    # What start-up loaded (the tokenizer, the libraries) lives as long as the process: keep it out of the
+    # garbage collector's full passes, which hold the interpreter lock, and so every request and health check,
+    # for as long as they take to walk it.
+    gc.freeze()
     watch = asyncio.create_task(
-        VerifierWatch(channel, cfg.verifier, tokenizer_info, cfg.peer_check_s, verifier_changed).run())
+        VerifierWatch(channel, cfg.verifier, tokenizer_info, cfg.peer_check_s, verifier_changed, model=target).run())
     try:
-        await serve_until_signal(FrontDoors(running, http), server_cfg,
+        await serve_until_signal(FrontDoors(running, http, generation), server_cfg,
                                  f"gateway (verifier {cfg.verifier}, auth {'on' if keys else 'off'})")
     finally:
         watch.cancel()

@@ -11,7 +11,6 @@ message a person can act on; each front door maps the code to its own protocol.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import logging
 import time
@@ -23,6 +22,7 @@ from opentelemetry import trace
 
 from gateway.auth import tenant_of
 from gateway.config import GatewayConfig
+from gateway.prompt_tokens import Offload, PromptTooLong, bounded_ids
 from gateway.streaming import TextAssembler
 from gateway.validation import InvalidRequest, ModelLimits, check_generate_request
 from specdec import metrics
@@ -64,17 +64,22 @@ class Generation:
         self.config = config
         self.tokenizer_fingerprint = tokenizer_fingerprint  # sent with every Decode: the verifier checks it
         self.verifier_problem: str | None = None  # set while the verifier is unusable (gateway.verifier_watch)
+        self.offload = Offload(config.prepare_workers)  # tokenizing and parsing, off the event loop, bounded
 
-    async def prepare(self, request: gateway_pb2.GenerateRequest, api_key: str = "") -> verifier_pb2.DecodeRequest:
+    async def prepare(self, request: gateway_pb2.GenerateRequest, api_key: str = "",
+                      default_max_tokens: int | None = None) -> verifier_pb2.DecodeRequest:
         """Tokenize (off the event loop) and check; raise GenerationError(INVALID_ARGUMENT) naming the field.
 
-        api_key: the key the caller presented; with --api-keys on, it names the request's tenant."""
+        api_key: the key the caller presented; with --api-keys on, it names the request's tenant.
+        default_max_tokens: max_tokens when the request leaves it unset (None: --default-max-tokens)."""
         if self.verifier_problem:
             raise GenerationError(grpc.StatusCode.UNAVAILABLE, self.verifier_problem)
         prompt_ids = await self.prompt_ids(request)
         try:
-            decode = check_generate_request(request, prompt_ids, self.limits, self.config.default_max_tokens,
-                                            self.config.num_speculative_tokens)
+            decode = check_generate_request(
+                request, prompt_ids, self.limits,
+                self.config.default_max_tokens if default_max_tokens is None else default_max_tokens,
+                self.config.num_speculative_tokens)
         except InvalidRequest as exc:
             raise GenerationError(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from exc
         decode.request_id = uuid.uuid4().hex[:16]
@@ -97,8 +102,16 @@ class Generation:
             return list(request.prompt_token_ids.ids)
         if not request.prompt:
             return []
-        return await asyncio.get_running_loop().run_in_executor(
-            None, lambda: self.tokenizer.encode(request.prompt, add_special_tokens=False))
+        try:
+            return await self.offload.run(bounded_ids, self.encode, request.prompt, self.limits.prompt_tokens)
+        except PromptTooLong as exc:
+            raise GenerationError(grpc.StatusCode.INVALID_ARGUMENT,
+                                  f"prompt has more than {self.limits.prompt_tokens} tokens ({exc.counted} in its "
+                                  f"first {exc.chars} of {exc.total_chars} characters); "
+                                  f"{self.limits.prompt_limit_words()}") from None
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False)
 
     async def run(self, decode: verifier_pb2.DecodeRequest) -> typing.AsyncIterator[Piece]:
         """Decode through the verifier; yield text as it becomes safe to send. Closing it cancels the decode."""

@@ -10,13 +10,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import logging
+import resource
 import socket
 import ssl
 
+import h11
 import uvicorn
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from specdec.config import ServerConfig
 from specdec.grpc_server import ConfigError
+
+log = logging.getLogger(__name__)
 
 
 class EmbeddedServer(uvicorn.Server):
@@ -25,6 +31,69 @@ class EmbeddedServer(uvicorn.Server):
     @contextlib.contextmanager
     def capture_signals(self):
         yield
+
+
+@dataclasses.dataclass(frozen=True)
+class ConnectionLimits:
+    """What one HTTP connection may hold: the time to send a request head, the idle time between requests, and
+    how many connections may be open at once (each is a file descriptor, shared with the gRPC server)."""
+
+    header_timeout_s: float = 10.0
+    keep_alive_s: float = 5.0
+    max_connections: int = 0  # 0: a quarter of the open-file limit
+
+    def connection_cap(self) -> int:
+        if self.max_connections > 0:
+            return self.max_connections
+        soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        return max(16, (soft if soft != resource.RLIM_INFINITY else 65536) // 4)
+
+
+def bounded_protocol(limits: ConnectionLimits) -> type[H11Protocol]:
+    """uvicorn's h11 protocol with a request-head deadline and a cap on open connections.
+
+    uvicorn times out only the idle time after a response; a connection that never sends a complete request
+    head (an idle socket, or headers sent a byte at a time) would stay open for good. Here the head must be
+    complete within header_timeout_s of the connection opening or of its last response."""
+    cap = limits.connection_cap()
+
+    class BoundedH11Protocol(H11Protocol):
+        head_deadline: asyncio.TimerHandle | None = None
+
+        def connection_made(self, transport):
+            super().connection_made(transport)
+            if len(self.connections) > cap:
+                log.warning("HTTP connection from %s closed: %d connections are open (--http-max-connections)",
+                            self.client, cap)
+                transport.close()
+                return
+            self.arm_head_deadline()
+
+        def connection_lost(self, exc):
+            self.disarm_head_deadline()
+            super().connection_lost(exc)
+
+        def on_response_complete(self):
+            super().on_response_complete()
+            if not self.transport.is_closing():
+                self.arm_head_deadline()
+
+        def arm_head_deadline(self):
+            self.disarm_head_deadline()
+            self.head_deadline = self.loop.call_later(limits.header_timeout_s, self.head_deadline_passed)
+
+        def disarm_head_deadline(self):
+            if self.head_deadline is not None:
+                self.head_deadline.cancel()
+                self.head_deadline = None
+
+        def head_deadline_passed(self):
+            self.head_deadline = None
+            waiting_for_head = self.conn.their_state is h11.IDLE and (self.cycle is None or self.cycle.response_complete)
+            if waiting_for_head and not self.transport.is_closing():
+                self.transport.close()
+
+    return BoundedH11Protocol
 
 
 @dataclasses.dataclass
@@ -70,10 +139,11 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-async def start_http(app, config: ServerConfig, port: int) -> RunningHttp:
+async def start_http(app, config: ServerConfig, port: int, limits: ConnectionLimits = ConnectionLimits()) -> RunningHttp:
     """Bind, start uvicorn as a task of this loop, and return once it accepts connections."""
     sock = bind(config.host, port)
     server_config = uvicorn.Config(app, log_config=None, access_log=False, lifespan="off",
+                                   http=bounded_protocol(limits), timeout_keep_alive=limits.keep_alive_s,
                                    timeout_graceful_shutdown=max(1, round(config.grace_s)), **tls_options(config))
     try:
         server_config.load()

@@ -3,19 +3,24 @@
     POST /v1/chat/completions   the chat template comes from the tokenizer
     POST /v1/completions        one prompt: text or token ids
     GET  /v1/models             the one served model
-    GET  /health                200 while the verifier serves and is usable, 503 otherwise (open, for probes)
+    GET  /health                200 while the verifier is usable, 503 with the reason otherwise (open, for probes):
+                                the verdict gRPC health reports too (gateway/verifier_watch.py)
+    GET  /openapi.json          the API's schema; needs the key when --api-keys is set (/docs and /redoc are off)
+
+Every error is OpenAI's error object with the right status, whatever failed.
 
 Streams are server-sent events (sse-starlette) ending in `data: [DONE]`. A
 client that disconnects cancels its generation, which cancels the verifier's
-Decode call and frees the sequence. The OpenTelemetry ASGI instrumentation
-makes each request a trace, joined to the gRPC spans by the verifier channel's
-interceptors.
+Decode call and frees the sequence, also while the prompt is still in prefill.
+The OpenTelemetry ASGI instrumentation makes each request a trace, joined to
+the gRPC spans by the verifier channel's interceptors.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hmac
 import json
 import logging
@@ -26,13 +31,13 @@ import grpc
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
 from sse_starlette import EventSourceResponse
 from starlette.exceptions import HTTPException
 
 from gateway.auth import presented_key
 from gateway.body_limit import JSON_BYTES_PER_CHAR, OVERHEAD_BYTES, BodyLimit
+from gateway.body_parse import BodyShape, max_values_for
 from gateway.generation import Generation, GenerationError, Piece
 from gateway.openai_protocol import (
     ChatCompletionRequest,
@@ -40,29 +45,36 @@ from gateway.openai_protocol import (
     OpenAIError,
     Reply,
     completion_prompt,
+    default_max_tokens,
     error_from_grpc,
+    error_from_validation,
     generate_request,
     unsupported,
 )
 
 log = logging.getLogger(__name__)
-HEALTH_TIMEOUT_S = 2.0
 
 
-class ServedModel(typing.NamedTuple):
+@dataclasses.dataclass
+class ServedModel:
+    """The model the API serves, as the verifier reports it: the gateway updates it when the verifier reports
+    another name or context (gateway/__main__.py), and every response reads it then."""
+
     name: str
     max_context: int
 
 
-def create_app(generation: Generation, model: ServedModel, api_keys: list[str],
-               verifier_health: health_pb2_grpc.HealthStub) -> FastAPI:
-    app = FastAPI(title="specdec gateway: OpenAI-compatible API", docs_url=None, redoc_url=None)
+def create_app(generation: Generation, model: ServedModel, api_keys: list[str]) -> FastAPI:
+    keys = [key.encode() for key in api_keys]
+    app = FastAPI(title="specdec gateway: OpenAI-compatible API", docs_url=None, redoc_url=None,
+                  openapi_url=None if keys else "/openapi.json")  # with keys: the route below, behind the key
     limits_ = generation.limits
+    # The middleware added last runs first: the body is bounded in bytes (BodyLimit) before its shape is walked.
+    app.add_middleware(BodyShape, offload=generation.offload, max_values=max_values_for(limits_.prompt_tokens))
     app.add_middleware(BodyLimit, max_bytes=limits_.prompt_chars * JSON_BYTES_PER_CHAR + OVERHEAD_BYTES,
                        why=f"{limits_.prompt_limit_words()} and a token is at most {limits_.max_token_chars} "
                            "characters:")
     started = int(time.time())
-    keys = [key.encode() for key in api_keys]
 
     def authorized(request: Request) -> None:
         presented = presented_key(request.headers.items()).encode()
@@ -72,30 +84,31 @@ def create_app(generation: Generation, model: ServedModel, api_keys: list[str],
 
     @app.exception_handler(OpenAIError)
     async def openai_error(_request, exc: OpenAIError):
-        return JSONResponse(exc.body(), status_code=exc.status)
+        return error_response(exc)
 
     @app.exception_handler(RequestValidationError)
     async def invalid_body(_request, exc: RequestValidationError):
-        first = exc.errors()[0]
-        param = ".".join(str(part) for part in first["loc"][1:]) or None
-        return JSONResponse(OpenAIError(400, f"{param or 'body'}: {first['msg']}", param).body(), status_code=400)
+        return error_response(error_from_validation(list(exc.errors())))
 
     @app.exception_handler(HTTPException)
     async def http_error(_request, exc: HTTPException):
-        return JSONResponse(OpenAIError(exc.status_code, str(exc.detail)).body(), status_code=exc.status_code)
+        return error_response(OpenAIError(exc.status_code, str(exc.detail)), exc.headers)  # 405 keeps its Allow
+
+    @app.exception_handler(Exception)
+    async def unexpected(_request, exc: Exception):
+        # a defect of this server, not of the request: logged with its traceback (by uvicorn), answered as OpenAI does
+        return error_response(OpenAIError(500, f"internal error ({type(exc).__name__}); please report it"))
+
+    if keys:
+        @app.get("/openapi.json", include_in_schema=False, dependencies=[Depends(authorized)])
+        async def openapi():
+            return app.openapi()
 
     @app.get("/health")
     async def health():
+        """The gateway's one verdict, which its gRPC health also reports: no probe of its own that could differ."""
         if generation.verifier_problem:
             raise OpenAIError(503, generation.verifier_problem, code="service_unavailable")
-        try:
-            reply = await verifier_health.Check(health_pb2.HealthCheckRequest(), timeout=HEALTH_TIMEOUT_S)
-            serving = reply.status == health_pb2.HealthCheckResponse.SERVING
-        except grpc.aio.AioRpcError as exc:
-            serving = False
-            log.debug("verifier health check failed: %s", exc.code().name)
-        if not serving:
-            raise OpenAIError(503, "the verifier service is not serving; retry shortly", code="service_unavailable")
         return {"status": "ok"}
 
     @app.get("/v1/models", dependencies=[Depends(authorized)])
@@ -109,7 +122,7 @@ def create_app(generation: Generation, model: ServedModel, api_keys: list[str],
     @app.post("/v1/chat/completions", dependencies=[Depends(authorized)])
     async def chat_completions(body: ChatCompletionRequest, request: Request):
         check_body(body, model)
-        prompt = await render_chat(generation.tokenizer, body)
+        prompt = await render_chat(generation, body)
         return await serve(generation, body, prompt, reply(body, chat=True), request)
 
     @app.post("/v1/completions", dependencies=[Depends(authorized)])
@@ -130,14 +143,19 @@ def check_body(body, model: ServedModel) -> None:
                                "(GET /v1/models)", "model", "model_not_found")
 
 
-async def render_chat(tokenizer, body: ChatCompletionRequest) -> str:
+async def render_chat(generation: Generation, body: ChatCompletionRequest) -> str:
     """The conversation as prompt text, through the tokenizer's chat template (off the event loop)."""
+    tokenizer = generation.tokenizer
     if not getattr(tokenizer, "chat_template", None):
         raise OpenAIError(400, "the model's tokenizer has no chat template; use /v1/completions with a prompt",
                           "messages")
-    messages = [{"role": message.role, "content": message.text()} for message in body.messages]
+    messages = [{"role": message.role, "content": message.text(), **({"name": message.name} if message.name else {})}
+                for message in body.messages]  # `name` as vLLM passes it: most templates ignore it
+    too_long = generation.limits.messages_size_problem([message["content"] for message in messages])
+    if too_long:
+        raise OpenAIError(400, too_long, "messages")
     try:
-        return await asyncio.get_running_loop().run_in_executor(None, lambda: tokenizer.apply_chat_template(
+        return await generation.offload.run(lambda: tokenizer.apply_chat_template(
             messages, add_generation_prompt=True, tokenize=False))
     except Exception as exc:  # jinja2 raises TemplateError for conversations the template refuses
         raise OpenAIError(400, f"the chat template refused the messages: {exc}", "messages") from exc
@@ -145,16 +163,23 @@ async def render_chat(tokenizer, body: ChatCompletionRequest) -> str:
 
 async def serve(generation: Generation, body, prompt, reply: Reply, request: Request):
     try:
-        decode = await generation.prepare(generate_request(body, prompt), presented_key(request.headers.items()))
+        decode = await generation.prepare(generate_request(body, prompt), presented_key(request.headers.items()),
+                                          default_max_tokens(body))
         pieces = generation.run(decode)
         if not body.stream:
             return await until_disconnected(request, whole(pieces, reply, list(decode.prompt_token_ids)))
-        first = await anext(pieces, None)  # before the 200: a refusal (429, 503) still gets its status
+        # Before the 200, so that a refusal (429, 503) still gets its status; the prefill may take long, and a
+        # client that leaves meanwhile ends the verifier's call now, not at the first token.
+        first = await until_disconnected(request, anext(pieces, None))
         if first is None:
             raise GenerationError(grpc.StatusCode.UNAVAILABLE, "the verifier ended the stream early; retry")
     except GenerationError as exc:
         raise error_from_grpc(exc.code, exc.message, reply.chat) from None
     return EventSourceResponse(events(pieces, first, reply, list(decode.prompt_token_ids)), sep="\n")
+
+
+def error_response(error: OpenAIError, headers: typing.Mapping[str, str] | None = None) -> JSONResponse:
+    return JSONResponse(error.body(), status_code=error.status, headers={**(headers or {}), **error.headers()})
 
 
 async def whole(pieces: typing.AsyncIterator[Piece], reply: Reply, prompt_ids: list[int]) -> JSONResponse:

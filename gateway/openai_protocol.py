@@ -11,21 +11,32 @@ vLLM's names (vllm/entrypoints/generate/base/protocol.py SpeculativeDecodingMetr
 
 A field this server does not implement is refused with a 400 that names it,
 unless it carries the value that means "off" (n=1, logprobs=false, ...).
+Types are strict, as OpenAI's are: "5" is not an integer and true is not 1, but
+an integer is a number. Every string must be Unicode text (no lone surrogate,
+which JSON can spell but UTF-8 cannot), and every number must fit the
+Gateway contract's field, so a bad value is a 400 here and never a failure later.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import re
 import time
 import typing
 import uuid
 
 import grpc
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from specdec.v1 import common_pb2, gateway_pb2
 
 UINT32_MAX = 2**32 - 1
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+# Seconds a client should wait before retrying a 429 or 503: a slot frees as soon as any one request in flight
+# ends, so the wait is short and fixed (the openai client waits exactly this long, rather than its own backoff).
+RETRY_AFTER_S = 1
+# JSON can spell half a UTF-16 pair ("\ud800"); Python keeps it, but it is not text and UTF-8 cannot encode it.
+LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 # OpenAI's documented default for /v1/completions; chat leaves it to the server (--default-max-tokens).
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 # Fields accepted only with a value that asks for nothing this server lacks; null always passes.
@@ -46,16 +57,32 @@ class OpenAIError(Exception):
 
     def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None):
         super().__init__(message)
-        self.status, self.message, self.param, self.code = status, message, param, code
+        # A client's string quoted back (a field name, a value) may hold a lone surrogate: escape it, so the
+        # error itself can be written as UTF-8 JSON.
+        self.status, self.message, self.param, self.code = status, _printable(message), _printable(param), code
 
     def body(self) -> dict:
-        return {"error": {"message": self.message, "type": ERROR_TYPES.get(self.status, "server_error"),
-                          "param": self.param, "code": self.code}}
+        return {"error": {"message": self.message, "type": error_type(self.status), "param": self.param,
+                          "code": self.code}}
+
+    def headers(self) -> dict[str, str]:
+        """Retry-After (seconds) on the statuses a client should retry: capacity (429) and availability (503)."""
+        return {"Retry-After": str(RETRY_AFTER_S)} if self.status in (429, 503) else {}
 
 
-ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "invalid_request_error",
-               413: "invalid_request_error",
-               429: "rate_limit_error", 499: "invalid_request_error"}
+ERROR_TYPES = {401: "authentication_error", 403: "permission_error", 429: "rate_limit_error"}
+
+
+def error_type(status: int) -> str:
+    """OpenAI's error type: the client's fault (4xx) is an invalid request unless it is one of the named kinds."""
+    return ERROR_TYPES.get(status, "invalid_request_error" if 400 <= status < 500 else "server_error")
+
+
+def _printable(text: str | None) -> str | None:
+    return text if text is None or not LONE_SURROGATE.search(text) else \
+        text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 # gRPC status from the generation core -> (HTTP status, OpenAI error code)
 HTTP_OF_GRPC = {
     grpc.StatusCode.INVALID_ARGUMENT: (400, None),
@@ -85,9 +112,20 @@ def error_from_grpc(code: grpc.StatusCode, message: str, chat: bool) -> OpenAIEr
 
 # ---------------------------------------------------------------- requests
 
+def _unicode_text(text: str) -> str:
+    found = LONE_SURROGATE.search(text)
+    if found:
+        raise ValueError(f"holds a lone UTF-16 surrogate (U+{ord(found.group()):04X}) at character {found.start()}, "
+                         "which is not Unicode text; send the whole surrogate pair or the character itself")
+    return text
+
+
+Text = typing.Annotated[str, AfterValidator(_unicode_text)]
+Int32 = typing.Annotated[int, Field(ge=INT32_MIN, le=INT32_MAX)]  # a TokenIds id, top_k: int32 in the contract
+
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class StreamOptions(_Strict):
@@ -96,12 +134,13 @@ class StreamOptions(_Strict):
 
 class TextPart(_Strict):
     type: typing.Literal["text"]
-    text: str
+    text: Text
 
 
 class ChatMessage(_Strict):
     role: typing.Literal["system", "developer", "user", "assistant"]
-    content: str | list[TextPart]
+    content: Text | list[TextPart]
+    name: Text | None = None  # the participant's name: given to the chat template, which may show or ignore it
 
     def text(self) -> str:
         return self.content if isinstance(self.content, str) else "".join(part.text for part in self.content)
@@ -110,18 +149,18 @@ class ChatMessage(_Strict):
 class _Sampling(BaseModel):
     """What both endpoints take. Unknown fields land in model_extra and are checked by unsupported()."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", strict=True)
 
-    model: str | None = None
+    model: Text | None = None
     max_tokens: int | None = Field(None, ge=1, le=UINT32_MAX)
     temperature: float | None = None
     top_p: float | None = None
     seed: int | None = Field(None, ge=0, le=2**64 - 1)
-    stop: str | list[str] | None = None
+    stop: Text | list[Text] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     # vLLM's extra body fields
-    top_k: int | None = None
+    top_k: Int32 | None = None
     num_speculative_tokens: int | None = Field(None, ge=0, le=UINT32_MAX)
     return_token_ids: bool = False
 
@@ -135,7 +174,58 @@ class ChatCompletionRequest(_Sampling):
 
 
 class CompletionRequest(_Sampling):
-    prompt: str | list[str] | list[int] | list[list[int]]
+    prompt: Text | list[Text] | list[Int32] | list[list[Int32]]
+
+
+REQUEST_MODELS = (ChatCompletionRequest, CompletionRequest, ChatMessage, TextPart, StreamOptions)
+FIELD_NAMES = frozenset(name for model in REQUEST_MODELS for name in model.model_fields)
+
+
+def error_from_validation(errors: list[dict]) -> OpenAIError:
+    """One 400 for pydantic's errors about a body: the most specific one, its `param` the field's dotted path.
+
+    A field that takes several types (prompt: text or ids) gets one error per type; the error that got
+    furthest into the value wins, a wrong value over a wrong type, and wrong types at one place are told together.
+    """
+    if not errors:
+        return OpenAIError(400, "the request body is invalid")
+    first = errors[0]
+    if first["type"] == "json_invalid":
+        where = f" (at character {first['loc'][-1]})" if len(first["loc"]) > 1 else ""  # FastAPI's: ("body", pos)
+        reason = (first.get("ctx") or {}).get("error", first["msg"])
+        return OpenAIError(400, f"the request body is not valid JSON: {reason}{where}", code="invalid_json")
+    ranked = [(len(path), error["type"] not in TYPE_ERRORS, path, error)
+              for error in errors for path in [field_path(error)]]
+    _depth, wrong_value, path, best = max(ranked, key=lambda rank: rank[:2])
+    param = ".".join(str(part) for part in path) or None
+    if wrong_value:
+        message = _message(best)
+    else:  # only wrong types here: say every type the field takes
+        said = dict.fromkeys(_message(error) for _, value, at, error in ranked if at == path and not value)
+        message = " or ".join(m.removeprefix("Input should be ") if i else m for i, m in enumerate(said))
+    return OpenAIError(400, f"{param or 'body'}: {message}", param)
+
+
+TYPE_ERRORS = {"string_type", "list_type", "int_type", "float_type", "bool_type", "model_type", "dict_type",
+               "model_attributes_type", "literal_error", "none_required", "is_instance_of"}
+
+
+def field_path(error: dict) -> list[str | int]:
+    """The field's path in the body, as OpenAI's `param` spells it: names and list indexes, without the
+    type tags pydantic puts in for fields that take several types (`prompt.list[int].0` is `prompt.0`)."""
+    loc = list(error["loc"][1:] if error["loc"] and error["loc"][0] == "body" else error["loc"])
+    path = [part for part in loc if isinstance(part, int) or part in FIELD_NAMES]
+    if error["type"] == "extra_forbidden" and loc and loc[-1] not in path[-1:]:
+        path.append(loc[-1])
+    if error["type"] == "string_unicode" and not loc and isinstance(error.get("input"), str):
+        path.append(error["input"])  # a field's name that is not text (a lone surrogate): pydantic gives no loc
+    return path
+
+
+def _message(error: dict) -> str:
+    if error["type"] == "value_error":
+        return str((error.get("ctx") or {}).get("error", error["msg"]))
+    return error["msg"]
 
 
 def unsupported(body: _Sampling) -> OpenAIError | None:
@@ -162,14 +252,22 @@ def _same_value(value, neutral) -> bool:
 
 
 def max_tokens_of(body: _Sampling) -> int | None:
+    """The max_tokens the client sent; None leaves it to default_max_tokens."""
     if isinstance(body, CompletionRequest):
-        return body.max_tokens if body.max_tokens is not None else COMPLETIONS_DEFAULT_MAX_TOKENS
+        return body.max_tokens
     chat = typing.cast(ChatCompletionRequest, body)
     if chat.max_completion_tokens is not None and chat.max_tokens is not None \
             and chat.max_completion_tokens != chat.max_tokens:
         raise OpenAIError(400, f"max_tokens {chat.max_tokens} and max_completion_tokens {chat.max_completion_tokens} "
                                "disagree; send one of them", "max_tokens")
     return chat.max_completion_tokens if chat.max_completion_tokens is not None else chat.max_tokens
+
+
+def default_max_tokens(body: _Sampling) -> int | None:
+    """max_tokens for a body that leaves it unset (None: the server's --default-max-tokens). Either way the
+    gateway holds it to the room the prompt leaves in the context, as vLLM does, rather than refuse a field the
+    client never sent."""
+    return COMPLETIONS_DEFAULT_MAX_TOKENS if isinstance(body, CompletionRequest) else None
 
 
 def completion_prompt(body: CompletionRequest) -> str | list[int]:

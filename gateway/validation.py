@@ -50,6 +50,17 @@ class ModelLimits:
                     f"{self.prompt_tokens} tokens can have ({self.prompt_chars}); {self.prompt_limit_words()}")
         return None
 
+    def messages_size_problem(self, contents: list[str]) -> str | None:
+        """The cheap check before a chat template renders: more messages than a prompt that fits has tokens
+        (each renders to at least one), or more characters than it can hold, in words."""
+        if len(contents) > self.prompt_tokens:
+            return f"messages has {len(contents)} messages; {self.prompt_limit_words()}"
+        chars = sum(len(content) for content in contents)
+        if chars > self.prompt_chars:
+            return (f"messages have {chars} characters, more than any prompt of at most {self.prompt_tokens} "
+                    f"tokens can have ({self.prompt_chars}); {self.prompt_limit_words()}")
+        return None
+
     def prompt_limit_words(self) -> str:
         if self.prompt_tokens < self.max_context:
             return f"prompts may have at most {self.prompt_tokens} tokens (--max-prompt-tokens)"
@@ -78,9 +89,14 @@ def check_generate_request(request: gateway_pb2.GenerateRequest, prompt_ids: lis
     problems += limits.prompt_ids_problems(prompt_ids or [], limits_.vocab_size, field)
     params = sampling_params(request)
     problems += params.problems()
-    max_tokens = request.max_tokens or default_max_tokens
+    room = limits_.max_context - len(prompt_ids or [])
+    # Unset: the default, held to the room the prompt leaves (as vLLM does); only a value the client sent is refused.
+    max_tokens = request.max_tokens or min(default_max_tokens, max(room, 1))
     if prompt_ids and len(prompt_ids) > limits_.prompt_tokens:
         problems.append(f"{field} has {len(prompt_ids)} tokens; {limits_.prompt_limit_words()}")
+    elif prompt_ids and not request.max_tokens and room < 1:
+        problems.append(f"{field} has {len(prompt_ids)} tokens, which fill the model's context of "
+                        f"{limits_.max_context} tokens and leave no room for output")
     elif prompt_ids and len(prompt_ids) + max_tokens > limits_.max_context:
         problems.append(f"max_tokens {max_tokens} plus {len(prompt_ids)} prompt tokens exceeds the model's "
                         f"context of {limits_.max_context} tokens")

@@ -1,9 +1,13 @@
-"""Keep checking that the verifier is usable: answering, and with the gateway's tokenizer.
+"""Keep checking that the verifier is usable: answering, with the gateway's tokenizer, and the same model.
 
-At start-up the gateway refuses a verifier with another tokenizer (`check_peers`). A verifier can be
-replaced while the gateway runs (a rollout, a wrong image), so the watch asks GetModelInfo again whenever
-the channel reconnects, and every --peer-check-s. While the verifier is unusable:
-- the gateway's health (gRPC and HTTP /health) is NOT_SERVING, so probes and balancers take it out;
+At start-up the gateway refuses a verifier with another tokenizer (`check_peers`), and pins the model the
+verifier serves (its ModelInfo.model_fingerprint). A verifier can be replaced while the gateway runs (a
+rollout, a wrong image), so the watch asks GetModelInfo again whenever the channel reconnects, and every
+--peer-check-s. A verifier with another tokenizer, or another model under the same tokenizer (its output
+would be served under the pinned model's name), is unusable until the pinned model is back or the gateway
+restarts. While the verifier is unusable:
+- the gateway's health is NOT_SERVING, so probes and balancers take it out. The watch's verdict is the
+  gateway's one health truth: gRPC health and HTTP /health both report it, and nothing else;
 - requests are refused with UNAVAILABLE and the reason, before they are tokenized.
 
 The watch is for health and clear errors. Correctness does not wait for it: every Decode carries the
@@ -30,17 +34,20 @@ class VerifierWatch:
     """The verifier's usability, kept current; `problem` is None while it is usable, else why not."""
 
     def __init__(self, channel: grpc.aio.Channel, address: str, tokenizer: common_pb2.ModelInfo, period_s: float,
-                 on_change: typing.Callable[[str | None, common_pb2.ModelInfo | None], typing.Awaitable[None]]):
+                 on_change: typing.Callable[[str | None, common_pb2.ModelInfo | None], typing.Awaitable[None]],
+                 model: common_pb2.ModelInfo | None = None):
+        """tokenizer: the gateway's own; model: the verifier's ModelInfo at start-up (its model is pinned)."""
         self.channel = channel
         self.stub = verifier_pb2_grpc.VerifierServiceStub(channel)
         self.address, self.tokenizer, self.period_s = address, tokenizer, period_s
+        self.model = model or common_pb2.ModelInfo()
         self.on_change = on_change
         self.problem: str | None = None
         self.info: common_pb2.ModelInfo | None = None
         self.reported = False  # on_change has been called at least once
 
     async def check(self) -> tuple[str | None, common_pb2.ModelInfo | None]:
-        """(None, the verifier's ModelInfo) when it answers with our tokenizer; (why not, None) otherwise."""
+        """(None, the verifier's ModelInfo) when it answers with our tokenizer and model; (why not, None) otherwise."""
         try:
             reply = await self.stub.GetModelInfo(verifier_pb2.GetModelInfoRequest(), timeout=CHECK_TIMEOUT_S)
         except grpc.aio.AioRpcError as exc:
@@ -50,6 +57,10 @@ class VerifierWatch:
                                             target_role="the verifier", advice=GATEWAY_ADVICE)
         if problem:
             return f"the verifier at {self.address} was replaced by an incompatible one: {problem}", None
+        problem = models.model_mismatch(self.model, reply.info)
+        if problem:
+            return (f"the verifier at {self.address} was replaced by another model: {problem}. Put the model back, "
+                    "or restart the gateway to serve the new one"), None
         return None, reply.info
 
     async def check_and_report(self) -> None:

@@ -45,10 +45,13 @@ def add_arguments(parser, config_type: type, defaults: dict | None = None) -> No
         default = field.default if field.default is not dataclasses.MISSING else field.default_factory()
         default = (defaults or {}).get(field.name, default)
         help_text = field.metadata.get("help", "")
+        is_bool = _converter(field.type) is _parse_bool
         parser.add_argument(
             flag_name(field.name),
             dest=field.name,
             type=_converter(field.type),
+            nargs="?" if is_bool else None,  # a bare `--insecure` means true; `--insecure false` still parses
+            const=True if is_bool else None,
             default=None,
             choices=field.metadata.get("choices"),
             metavar=field.metadata.get("metavar"),
@@ -100,7 +103,8 @@ def option(default, help: str, **metadata):  # noqa: A002 (mirrors argparse)
 class ServerConfig:
     """gRPC server, metrics, TLS and logging"""
 
-    host: str = option("[::]", "address to listen on")
+    host: str = option("[::]", "address to listen on ([::] or 0.0.0.0: every interface); the internal services "
+                               "(verifier, draft) listen on loopback unless told otherwise")
     port: int = option(0, "gRPC port (0 picks a free one and logs it)")
     metrics_port: int = option(-1, "Prometheus /metrics port (-1 turns it off)")
     tls_cert: str = option("", "PEM server certificate; with --tls-key, serves TLS")
@@ -118,6 +122,16 @@ class ServerConfig:
             "the internal services (verifier, draft) then refuse calls without it (UNAUTHENTICATED); health "
             "checks stay open. Empty: no token", metavar="PATH")
     grace_s: float = option(5.0, "seconds to drain in-flight calls on shutdown")
+
+
+@dataclasses.dataclass(frozen=True)
+class InternalServiceConfig:
+    """Exposure of an internal service (the verifier, the draft)"""
+
+    insecure: bool = option(
+        False, "serve on a non-loopback --host although callers are not authenticated (no --internal-token-file, "
+               "no mTLS): anyone who can reach the port can then decode on this service and read what the draft "
+               "learnt. Without it, such a bind refuses to start; a loopback --host needs neither")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -5,9 +5,8 @@ step of one token needs none). With a mask, transformers' `sdpa` attention copie
 and values once per query head that shares them (`repeat_kv`: 3x for SmolLM2, 9 query heads over 3
 key/value heads) before calling `scaled_dot_product_attention`, because CUDA's fused kernels take
 grouped heads only without a mask. torch's CPU kernel takes them with one (`enable_gqa=True`), and
-gives bitwise the same result (a test). On the 2-core AVX2 EPYC, one layer's attention over a
-200-token context for a block of 5 queries took 273 us with the copies and 151 us without; at 1,500
-tokens, 1,077 and 590 us (`bench/results/gqa_attention/`).
+gives bitwise the same result (a test). The copies grow with the context, so skipping them takes the
+most off a verification over a long one.
 
 `sdpa_gqa` is registered with transformers' AttentionInterface (its own extension point) and does
 exactly what `sdpa` does in every other case: no mask (a plain step, a first prefill), CUDA, a position

@@ -4,7 +4,10 @@ Every service serves grpc.health.v1 and server reflection. Shutdown follows the
 gRPC examples: health NOT_SERVING first, then drain in-flight calls, then stop.
 Every server parses requests without tracebacks and closes response streams in
 their own task (`specdec.interceptors`); with --internal-token-file, every
-channel sends the token and the internal services require it.
+channel sends the token and the internal services require it. Without it, an
+internal service serves on loopback only unless --insecure
+(`check_internal_exposure`), and trusts a caller's tenant only from loopback or
+a verified client certificate.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from specdec import interceptors as call_interceptors
-from specdec import limits, telemetry
+from specdec import limits, loopback, telemetry
 from specdec.config import ServerConfig
 
 log = logging.getLogger(__name__)
@@ -55,6 +58,27 @@ def internal_token(config: ServerConfig) -> str:
     return token
 
 
+def callers_authenticated(config: ServerConfig) -> bool:
+    """Whether every call to an internal service proves where it comes from: the internal token, or a client
+    certificate from --tls-ca (mTLS)."""
+    return bool(config.internal_token_file or (config.tls_ca and config.tls_cert and config.tls_require_client_cert))
+
+
+def check_internal_exposure(config: ServerConfig, insecure: bool) -> None:
+    """An internal service (verifier, draft) refuses to serve unauthenticated callers beyond loopback unless told
+    to (--insecure): the port would let anyone decode, and read what the draft learnt from other users."""
+    if callers_authenticated(config) or loopback.is_loopback_host(config.host):
+        return
+    if insecure:
+        log.warning("--insecure: serving on --host %s without authenticating callers; anyone who can reach the port "
+                    "can use this service", config.host)
+        return
+    raise ConfigError(f"refusing to serve on --host {config.host}: it is reachable from other machines and nothing "
+                      "authenticates callers; set --internal-token-file (the same token on every service) or mTLS "
+                      "(--tls-cert, --tls-key, --tls-ca), or bind loopback (--host 127.0.0.1), or pass --insecure "
+                      "to serve it open")
+
+
 def message_options(config: ServerConfig, max_receive_bytes: int = 0) -> list[tuple[str, int]]:
     """gRPC's message caps: --max-message-mb, and at most max_receive_bytes received when given."""
     limit = config.max_message_mb * 1024 * 1024
@@ -64,7 +88,7 @@ def message_options(config: ServerConfig, max_receive_bytes: int = 0) -> list[tu
 
 # Requests up to this size that cannot fit are read and refused with INVALID_ARGUMENT and a message that says
 # why; larger ones (and any over twice what fits) are refused by gRPC itself with RESOURCE_EXHAUSTED before
-# they are buffered: reading 15 MB messages to name the field cost 8 concurrent callers 100+ MB of RSS.
+# they are buffered: reading a message that large only to name the field would cost memory per concurrent caller.
 READ_TO_EXPLAIN_BYTES = 4 * 1024 * 1024
 
 
@@ -141,7 +165,8 @@ async def start_server(
 
     request_size: requests larger than what the service can use are refused unread (INVALID_ARGUMENT)."""
     token = internal_token(config)
-    guards = [call_interceptors.RequireInternalToken(token)] if token else []
+    guards = ([call_interceptors.RequireInternalToken(token)] if token
+              else [call_interceptors.TenantFromAuthenticatedPeers(log)])
     # outermost first: CloseStreams must wrap the tracing span, ParseRequests sits next to the servicer
     server = grpc.aio.server(
         interceptors=[call_interceptors.CloseStreams(), *telemetry.server_interceptors(), *guards, *interceptors,

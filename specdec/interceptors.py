@@ -6,6 +6,9 @@ Server side, outermost first (see `specdec.grpc_server.start_server`):
   in another task, where OpenTelemetry's span context cannot be detached ("Failed to detach
   context") and the handler's clean-up races the event loop ("Task was destroyed but it is pending").
 - `RequireInternalToken`: calls to the internal services (verifier, draft) need the shared token.
+- `TenantFromAuthenticatedPeers` (servers without the token): a `tenant` is kept only from a caller that
+  proved itself (a verified client certificate) or came over loopback; anyone else's falls back to the
+  shared tenant "", so an open port cannot be used to read another tenant's learnt outputs.
 - `ParseRequests`: a message that does not parse (say, invalid UTF-8 in a string field) is answered
   INVALID_ARGUMENT with the parser's reason, instead of UNKNOWN and an ERROR traceback; so is one larger
   than any request the service can serve (`RequestSizeLimit`), before it is parsed.
@@ -17,10 +20,14 @@ from __future__ import annotations
 import contextvars
 import dataclasses
 import hmac
+import logging
 import typing
 
 import grpc
 from google.protobuf.message import DecodeError
+
+from specdec import loopback
+from specdec.v1 import draft_pb2, verifier_pb2
 
 INTERNAL_TOKEN_KEY = "x-specdec-internal-token"
 # The services only our own services call. Health checks and reflection stay open for probes.
@@ -201,6 +208,83 @@ class RequireInternalToken(grpc.aio.ServerInterceptor):
             return await continuation(handler_call_details)
         return refusing(await continuation(handler_call_details), grpc.StatusCode.UNAUTHENTICATED,
                         INTERNAL_TOKEN_REFUSED)
+
+
+def _drop_tenant(message) -> bool:
+    """Clear the tenant a request claims (DecodeRequest.tenant, ProposeRequest.start.tenant); whether it had one."""
+    if isinstance(message, verifier_pb2.DecodeRequest):
+        holder = message
+    elif isinstance(message, draft_pb2.ProposeRequest) and message.HasField("start"):
+        holder = message.start
+    else:
+        return False
+    claimed = bool(holder.tenant)
+    holder.tenant = ""
+    return claimed
+
+
+class TenantFromAuthenticatedPeers(grpc.aio.ServerInterceptor):
+    """On a server that does not require the internal token, trust a request's `tenant` only from a caller
+    with a verified client certificate (mTLS) or on loopback (the boundary a loopback bind already draws);
+    from anyone else it becomes the shared tenant "", and that is logged once. Shared rather than refused: a
+    tenant only keeps the draft's learnt outputs apart, the shared one is what any caller of an open port
+    reaches anyway, and the output is the same either way."""
+
+    def __init__(self, log: logging.Logger):
+        self._log = log
+        self._logged = False
+
+    def _trusted(self, context) -> bool:
+        return context.peer_identities() is not None or loopback.is_loopback_peer(context.peer())
+
+    def _distrust(self, message, context) -> None:
+        if _drop_tenant(message) and not self._logged:
+            self._logged = True
+            self._log.warning("a call from %s set a tenant, but nothing authenticates it (no --internal-token-file, "
+                              "no client certificate, not loopback): it shares the tenant \"\" instead. Set "
+                              "--internal-token-file on every service to keep tenants apart (logged once)",
+                              context.peer())
+
+    async def intercept_service(self, continuation, handler_call_details):
+        handler = await continuation(handler_call_details)
+        if handler is None or not handler_call_details.method.startswith(INTERNAL_SERVICES):
+            return handler
+        servicer = _behavior(handler)
+
+        def distrusted(request, context):
+            if handler.request_streaming:
+                return _Distrusted(request, context, self) if not self._trusted(context) else request
+            if not self._trusted(context):
+                self._distrust(request, context)
+            return request
+
+        if handler.response_streaming:
+            def stream(request, context):  # returns the servicer's own stream: CloseStreams closes that one
+                return servicer(distrusted(request, context), context)
+
+            return _rebuilt(handler, stream)
+
+        async def unary(request, context):
+            return await servicer(distrusted(request, context), context)
+
+        return _rebuilt(handler, unary)
+
+
+class _Distrusted:
+    """A request stream whose messages' tenant is cleared (the caller is not authenticated)."""
+
+    def __init__(self, requests, context, guard: TenantFromAuthenticatedPeers):
+        self._requests, self._context, self._guard, self._iterator = requests, context, guard, None
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self):
+        if self._iterator is None:
+            self._iterator = self._requests.__aiter__()
+        message = await self._iterator.__anext__()
+        self._guard._distrust(message, self._context)
+        return message
 
 
 class _WithToken:

@@ -83,7 +83,8 @@ SUFFIX_CACHED_REQUESTS = Gauge("specdec_draft_suffix_cached_requests", "Finished
 SUFFIX_CACHED_TOKENS = Gauge("specdec_draft_suffix_cached_tokens", "Output tokens held by the suffix cache")
 SUFFIX_EVICTIONS = Counter(
     "specdec_draft_suffix_evictions",
-    "Outputs evicted from the suffix cache (reason: requests or tokens budget), or cut to fit it (oversized)",
+    "Outputs evicted from the suffix cache (reason: a tenant's requests or tokens budget; tenants: with the whole "
+    "cache of the tenant idle longest, for a new one), or cut to fit it (oversized)",
     ["reason"],
 )
 SUFFIX_PROPOSALS = Counter("specdec_draft_suffix_proposals", "Suffix proposals asked for (k > 0)")

@@ -44,7 +44,7 @@ def loads_directly(path: str) -> bool:
 def load_tokenizer(path: str):
     """The model's tokenizer, as AutoTokenizer loads it. Where AutoTokenizer would choose TokenizersBackend, that
     class is loaded directly: the gateway and the n-gram and suffix drafts need nothing else from transformers,
-    and AutoTokenizer's imports (configs, generation, torch.distributed) took about 8 of a service's 11 s start."""
+    and AutoTokenizer's imports (configs, generation, torch.distributed) are most of such a service's start."""
     try:
         if loads_directly(path):
             from transformers.tokenization_utils_tokenizers import TokenizersBackend
@@ -133,6 +133,63 @@ def describe(name: str, tokenizer, model=None) -> common_pb2.ModelInfo:
         tokenizer_vocab_size=len(tokenizer),
         num_parameters=sum(p.numel() for p in model.parameters()) if model is not None else 0,
     )
+
+
+# What config.json records about where and by what it was written, not which model it is.
+CONFIG_KEYS_NOT_IDENTITY = ("_name_or_path", "transformers_version")
+WEIGHT_SUFFIXES = ((".safetensors",), (".bin", ".pt", ".pth"))  # the first kind present is what loads
+HASH_CHUNK_BYTES = 1 << 20
+
+
+def local_model_dir(path: str) -> pathlib.Path | None:
+    """The directory holding the model's files: `path` itself, or a hub id's cached snapshot (no download)."""
+    if pathlib.Path(path).is_dir():
+        return pathlib.Path(path)
+    try:
+        from huggingface_hub import snapshot_download
+
+        return pathlib.Path(snapshot_download(path, local_files_only=True))
+    except Exception:  # noqa: BLE001 (not a hub id, or not cached: the caller says it cannot tell)
+        return None
+
+
+def model_fingerprint(path: str) -> str:
+    """Which model `path` holds: a hash of its config (less CONFIG_KEYS_NOT_IDENTITY) and of the bytes of its
+    weight files, each read once. It does not depend on the path or on the dtype or device the model runs in,
+    so replicas of one model agree, and a model with other weights but the same tokenizer differs.
+    "" when the files cannot be found (then nothing is compared)."""
+    root = local_model_dir(path)
+    if root is None:
+        log.warning("cannot find the files of %r to fingerprint the model; a swapped model will not be noticed", path)
+        return ""
+    digest = hashlib.sha256()
+    try:
+        config = json.loads((root / "config.json").read_text())
+    except (OSError, ValueError):
+        config = {}
+    for key in CONFIG_KEYS_NOT_IDENTITY:
+        config.pop(key, None)
+    digest.update(json.dumps(config, sort_keys=True).encode())
+    files: list[pathlib.Path] = []
+    for suffixes in WEIGHT_SUFFIXES:
+        files = sorted(p for p in root.iterdir() if p.is_file() and p.name.endswith(suffixes))
+        if files:
+            break
+    for file in files:
+        digest.update(f"\0{file.name}\0{file.stat().st_size}\0".encode())
+        with file.open("rb") as f:
+            while chunk := f.read(HASH_CHUNK_BYTES):
+                digest.update(chunk)
+    return digest.hexdigest()[:16]
+
+
+def model_mismatch(pinned: common_pb2.ModelInfo, now: common_pb2.ModelInfo) -> str | None:
+    """None when `now` is the model `pinned` describes (or `pinned` has no fingerprint), else both, in words."""
+    if not pinned.model_fingerprint or now.model_fingerprint == pinned.model_fingerprint:
+        return None
+    return (f"it serves the model {now.model} (fingerprint {now.model_fingerprint or 'not reported'}), not the model "
+            f"{pinned.model} (fingerprint {pinned.model_fingerprint}) this gateway started with, and another model "
+            "gives other output under the same name")
 
 
 def longest_token(tokenizer) -> tuple[int, int]:

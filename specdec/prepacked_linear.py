@@ -2,24 +2,21 @@
 
 Speculation pays where verifying a block costs little more than one decode step (the speedup model,
 docs/design.md). On CPU, torch's `F.linear` hands each call to MKL's sgemm, which repacks the weight
-matrix on every call for a few rows of input and picks a different kernel for each row count. On a
-2-core AVX2 EPYC, for SmolLM2-135M in float32 over a 200-token cache, a forward of 2 tokens then took
-1.8x one of 1 token, and of 4 tokens 2.1x, though each reads the same weights once. oneDNN's linear
-over a weight reordered once at load (`torch.ops.mkldnn._reorder_linear_weight`, `_linear_pointwise`:
-what Inductor emits for a frozen CPU linear with a dynamic batch) reads it as it is, for any number
-of rows (bench/results/prepack/, `python -m bench.verify_cost --prepack both`).
+matrix on every call for a few rows of input and picks a different kernel for each row count, so a
+forward over a few tokens costs far more than one over a single token, though each reads the same
+weights once. oneDNN's linear over a weight reordered once at load (`torch.ops.mkldnn._reorder_linear_weight`,
+`_linear_pointwise`: what Inductor emits for a frozen CPU linear with a dynamic batch) reads it as it is,
+for any number of rows.
 
 And it computes each row alike whatever the number of rows: a row's output is bitwise the same alone
-(a plain step) as in a block of 2 to 1,500 (a verification, a prefill), where `F.linear`'s differ by
-up to 3e-5 between 1 row and more. A block's logits then differ from one-at-a-time decoding only by
-attention's rounding (4.0e-5 at most for SmolLM2 over a 200-token cache, 5.0e-5 with `F.linear`), so
-greedy speculation reproduces plain decoding at least as closely as before. A variant that kept W^T
-for single rows (0.83-0.94x `F.linear`'s time for a plain step, where oneDNN's took 0.96-1.06x) lost
-that, took twice the memory, and a greedy long-prompt output differed from off's in a benchmark run.
+(a plain step) as in a block (a verification, a prefill), where `F.linear`'s differ between 1 row and
+more. A block's logits then differ from one-at-a-time decoding only by attention's rounding, so greedy
+speculation reproduces plain decoding at least as closely as with `F.linear`. (Keeping W^T for single
+rows made a plain step a little faster but gave that equality up and took twice the memory.)
 
 The cost is memory: the reordered weights are anonymous memory, where the loaded ones were pages of
-the safetensors file (which stay mapped while the embedding lives): SmolLM2-135M in float32, RssAnon
-274 -> 794 MiB after a forward, RssFile 625 -> 631 MiB.
+the safetensors file (which stay mapped while the embedding lives), so resident memory grows by about
+the linears' size.
 
 Only float32 on CPU: oneDNN's bfloat16 kernels need bf16 units (avx512_bf16, AMX), and CUDA has its own.
 """

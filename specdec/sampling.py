@@ -3,6 +3,11 @@
 The draft (q) and the verifier (p) call the same function with the same
 parameters, so that temperature, top-k and top-p shape both distributions the
 same way; exact rejection sampling then yields the target's shaped distribution.
+
+A seeded request draws each token with noise keyed by (seed, position) instead of
+from a per-request random stream (`keyed_sample`): the token at a position is then
+fixed by the seed, the position and the distribution alone, however the rounds are
+cut and whatever the draft proposed (see verifier_service/rejection_sampler.py).
 """
 
 from __future__ import annotations
@@ -100,3 +105,44 @@ def make_generator(seed: int | None, device: str | torch.device = "cpu") -> torc
 def sample(probs: torch.Tensor, generator: torch.Generator) -> int:
     """Draw one token id. probs: [V], sums to 1."""
     return int(torch.multinomial(probs, 1, generator=generator).item())
+
+
+_MASK64 = 2**64 - 1
+
+
+def _splitmix64(x: int) -> int:
+    """A 64-bit mixing function (splitmix64's finaliser): nearby inputs give unrelated outputs."""
+    x = (x + 0x9E3779B97F4A7C15) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+def position_key(seed: int, position: int) -> int:
+    """The generator seed of the draw at `position` (an index into prompt + completion) of a request seeded
+    `seed`: a function of the two alone, so the draw does not depend on what was drawn before it."""
+    return _splitmix64(_splitmix64(seed & _MASK64) ^ (position & _MASK64))
+
+
+def keyed_gumbel(seed: int, position: int, vocab_size: int) -> torch.Tensor:
+    """Standard Gumbel noise for one position, fixed by (seed, position): [vocab_size] float32, on the CPU.
+
+    A fresh counter-seeded generator per position, so the noise is the same whichever round, block or process
+    draws it; a smaller vocabulary gets a prefix of a larger one's noise.
+    """
+    generator = torch.Generator(device="cpu")
+    generator.manual_seed(position_key(seed, position))
+    uniform = torch.rand(vocab_size, generator=generator)  # [V] in [0, 1)
+    return -torch.log(-torch.log(uniform))  # [V]; uniform == 0 gives -inf: that token is never drawn
+
+
+def keyed_sample(probs: torch.Tensor, seed: int, position: int) -> int:
+    """Gumbel-max draw of the token at `position`: argmax(log p + g), g = keyed_gumbel(seed, position).
+
+    probs: [V], sums to 1 (tokens with p == 0 are never drawn). The result is distributed as p over seeds, and
+    two distributions drawn at the same (seed, position) share their noise: a draft that samples its q this way
+    proposes the target's own token whenever q and p are close (Gumbel coupling).
+    """
+    probs = probs.float().cpu()  # [V]
+    noise = keyed_gumbel(seed, position, probs.shape[-1])  # [V]
+    return int((probs.log() + noise).argmax())

@@ -10,7 +10,7 @@ import sys
 import typing
 
 from specdec import config as specdec_config
-from specdec import grpc_server, metrics, models, telemetry
+from specdec import grpc_server, loopback, metrics, models, telemetry
 
 log = logging.getLogger(__name__)
 
@@ -19,7 +19,9 @@ async def serve_until_signal(running: grpc_server.RunningServer, server_cfg: spe
                              what: str) -> None:
     """Expose /metrics, log where we serve, then on SIGINT/SIGTERM: NOT_SERVING, drain, stop."""
     metrics_port = metrics.serve(server_cfg.metrics_port, server_cfg.host)
-    log.info("%s serving on port %d; metrics on %s", what, running.port, metrics_port)
+    reach = "loopback only" if loopback.is_loopback_host(server_cfg.host) else "reachable from other machines"
+    log.info("%s serving on port %d at %s (%s); metrics on %s", what, running.port, server_cfg.host, reach,
+             metrics_port)
     await grpc_server.wait_for_signal()
     log.info("shutting down: NOT_SERVING, draining for up to %.0f s", server_cfg.grace_s)
     await running.stop(server_cfg.grace_s)
@@ -35,7 +37,8 @@ def run_main(
     argv: list[str] | None = None,
     fatal: tuple[type[BaseException], ...] = (),
 ) -> int:
-    """Parse flags/env into (ServerConfig, config_type), run `serve`; exit 2 with one line on a start-up error."""
+    """Parse flags/env into (ServerConfig, config_type), run `serve`; exit 2 with one line on a start-up error.
+    An internal service (config_type an InternalServiceConfig) checks who could reach it before anything loads."""
     server_cfg, cfg = specdec_config.parse([specdec_config.ServerConfig, config_type], description, argv,
                                            defaults=defaults, prog=prog)
     grpc_server.setup_logging(server_cfg.log_level, server_cfg.log_format)
@@ -43,6 +46,8 @@ def run_main(
         models.set_up_torch(cfg.threads)
     provider = telemetry.setup_tracing(service_name)
     try:
+        if isinstance(cfg, specdec_config.InternalServiceConfig):
+            grpc_server.check_internal_exposure(server_cfg, cfg.insecure)
         asyncio.run(serve(server_cfg, cfg))
     except (models.ModelLoadError, grpc_server.ConfigError, *fatal) as exc:
         logging.getLogger(prog).error("%s", exc)
@@ -54,8 +59,8 @@ def run_main(
 
 def exit_process(code: int) -> typing.NoReturn:
     """Leave after a clean stop: the exit handlers run (logging's flush, vLLM's worker clean-up), then the process
-    ends without Python's module finalization, which tears down torch and gRPC object by object and added 1.4 s
-    to every stop (measured on the n-gram draft service) for nothing a stopped server needs."""
+    ends without Python's module finalization, which tears down torch and gRPC object by object and is most of a
+    clean stop's time, for nothing a stopped server needs."""
     atexit._run_exitfuncs()
     sys.stdout.flush()
     sys.stderr.flush()

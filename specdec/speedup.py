@@ -9,7 +9,7 @@ drafts) and the transport between the services (rho, in target steps). It emits 
     S           = E (1 + rho_off) / cost(k)
 
 against plain decoding that pays one step plus its own per-token overhead rho_off. v(n) is the
-measured verify-cost curve of the machine (`python -m bench.verify_cost`), interpolated
+measured verify-cost curve of the machine (`python -m bench verify-cost`), interpolated
 linearly; without a curve v = 1, the classic model, which on a CPU where a 5-token forward
 costs 2x a 1-token one predicts twice the speedup it gets.
 

@@ -20,7 +20,7 @@ import typing
 REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
 # What the services run with unless the caller's environment says otherwise: the configuration the benchmark
 # measures. OpenMP threads that spin while waiting (the default policy) starve the other services on a shared
-# CPU host (a 3-4x slower round at a 20 ms draft round trip); the Dockerfiles set the same.
+# CPU host (each service's idle threads spin on the cores the others need); the Dockerfiles set the same.
 SERVICE_ENV_DEFAULTS = {"OMP_WAIT_POLICY": "PASSIVE"}
 
 
@@ -74,7 +74,7 @@ def wait_serving(address: str, timeout_s: float = 60.0, process: subprocess.Pope
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-    from specdec.grpc_server import RECONNECT_OPTIONS  # a service that starts in 15 s is seen then, not at 27 s
+    from specdec.grpc_server import RECONNECT_OPTIONS  # a service is seen when it is up, not a long backoff later
 
     deadline = time.monotonic() + timeout_s
     channel = (grpc.secure_channel(address, credentials, options=RECONNECT_OPTIONS) if credentials
@@ -161,7 +161,7 @@ def running_stack(target_dir, draft_dir=None, method: str = "ngram", verifier_ar
             env, log_dir, *ports.get("verifier", (0, 0)), python=verifier_python)
         http = ["--http-port", str(ports["gateway_http"])] if "gateway_http" in ports else []
         # The gateway starts beside the verifier and waits for it: as long as this waits for all three (a vLLM
-        # verifier on a loaded 2-core machine took over the gateway's default 60 s); gateway_args may override it.
+        # verifier on a loaded machine can take longer than the gateway's default 60 s); gateway_args may override it.
         services["gateway"] = Service(
             "gateway", ["--model", str(target_dir), "--verifier", services["verifier"].address,
                         "--draft", services["draft"].address, "--peer-wait-s", str(timeout_s), *http, *gateway_args],

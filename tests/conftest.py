@@ -20,7 +20,7 @@ SLOWEST_FIRST = (
     "tests/e2e/test_lossless_greedy.py",  # 155 s
     "tests/verifier_service/test_rejection_sampler.py",  # 107 s
     "tests/reliability/test_verifier_swap.py",  # 77 s
-    "tests/bench/test_bench.py",  # 73 s
+    "tests/bench/test_studies.py",  # 73 s
 )
 
 

@@ -21,5 +21,5 @@ echo "==> 1. lossless greedy test on CUDA"
 SPECDEC_DEVICE=cuda timeout 300 python3 -m pytest -q -p no:cacheprovider tests/e2e/test_lossless_greedy.py 2>&1 \
   | tee "$OUT/lossless_greedy_cuda.log" | tail -15
 echo "==> 2. verify-cost curve, Llama-8B shape, bf16"
-timeout 240 python3 -m bench.verify_cost --config llama-8b --device cuda --dtype bfloat16 --max-k 16 \
+timeout 240 python3 -m bench verify-cost --config llama-8b --device cuda --dtype bfloat16 --max-k 16 \
   --contexts 200,1500 --repeats 30 --out "$OUT/verify_cost_llama8b_bf16" 2>&1 | grep -v "verify cost:"

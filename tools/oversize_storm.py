@@ -189,7 +189,7 @@ def passed(result: dict) -> dict[str, bool]:
 
 
 def main(argv=None) -> int:
-    from bench.run import machine_info
+    from bench.core.machine import machine_info
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", help="start a stack on this target model (n-gram draft)")

@@ -18,7 +18,8 @@ from verifier_service.engine import TransformersEngine
 from verifier_service.server import VerifierServicer
 
 log = logging.getLogger("verifier_service")
-DEFAULTS = {"port": 50052, "metrics_port": 9102}
+# An internal service listens on loopback unless --host says otherwise (closed by default; see --insecure).
+DEFAULTS = {"host": "127.0.0.1", "port": 50052, "metrics_port": 9102}
 
 
 def build_engine(cfg: VerifierConfig, info) -> tuple[Engine, int]:
@@ -43,7 +44,10 @@ async def serve(server_cfg: specdec_config.ServerConfig, cfg: VerifierConfig) ->
     # from the config alone: the draft link needs it before the engine (which may be vLLM's) starts
     info = models.describe(cfg.model, tokenizer, models.load_config_only(cfg.model))
     draft = DraftLink(cfg.draft, server_cfg, info, cfg.draft_timeout_ms / 1000, cfg.draft_ahead) if cfg.draft else None
+    # the weight files are read once more, for the model's identity, while the engine loads (either engine)
+    fingerprint = asyncio.get_running_loop().run_in_executor(None, models.model_fingerprint, cfg.model)
     engine, info.num_parameters = build_engine(cfg, info)
+    info.model_fingerprint = await fingerprint
     info.max_context = engine.max_context
     if cfg.draft:
         try:

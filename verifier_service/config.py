@@ -4,19 +4,19 @@ from __future__ import annotations
 
 import dataclasses
 
-from specdec.config import ModelConfig, option
+from specdec.config import InternalServiceConfig, ModelConfig, option
 
 
 @dataclasses.dataclass(frozen=True)
-class VerifierConfig(ModelConfig):
+class VerifierConfig(ModelConfig, InternalServiceConfig):
     """Target model and speculation"""
 
     model: str = option("", "target model: a local directory (or a hub id where a hub is reachable)")
     engine: str = option("transformers", "verifier engine", choices=["transformers", "vllm"])
     prepack_weights: bool = option(
         True, "on CPU in float32: reorder the target's linear weights once for oneDNN, so that verifying a block "
-              "costs far less against one decode step (t(4)/t(1) 2.07 -> 1.40 on an AVX2 EPYC) and a row comes out "
-              "bitwise the same alone or in a block; costs the linears' size in anonymous memory")
+              "costs far less against one decode step and a row comes out bitwise the same alone or in a block; "
+              "costs the linears' size in anonymous memory")
     draft: str = option("", "draft service HOST:PORT; empty decodes without speculation")
     num_speculative_tokens: int = option(4, "default block length k when a request leaves it unset")
     max_speculative_tokens: int = option(16, "largest k a request may ask for")

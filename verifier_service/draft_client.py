@@ -144,8 +144,9 @@ class DraftLink:
             call = self.stub.Propose()
             start = draft_pb2.StartSequence(
                 request_id=request_id, prompt_token_ids=tokens, sampling=to_proto(sampling),
-                return_probs=not sampling.greedy, tenant=tenant, max_context=self.target_info.max_context,
-                pipeline=self.pipeline,
+                # q serves rejection sampling only; a seeded request's coupled rule needs no q
+                return_probs=not sampling.greedy and sampling.seed is None, tenant=tenant,
+                max_context=self.target_info.max_context, pipeline=self.pipeline,
             )
             try:
                 await asyncio.wait_for(call.write(draft_pb2.ProposeRequest(start=start)), self.timeout_s)

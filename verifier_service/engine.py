@@ -43,7 +43,7 @@ from specdec.kv_cache import new_cache, rollback_cache
 from specdec.sampling import SamplingParams, make_generator, probs_from_logits
 from verifier_service.decode_loop import DecodeSpec
 from verifier_service.prefill_gate import PrefillGate
-from verifier_service.rejection_sampler import Verdict, greedy_verify, rejection_sample
+from verifier_service.rejection_sampler import Verdict, drafter_invariant_sample, greedy_verify, rejection_sample
 from verifier_service.speculation import RequestSpeculation, Round
 
 
@@ -84,7 +84,7 @@ class TransformersEngine:
 
     async def rounds(self, spec: DecodeSpec, speculation: RequestSpeculation) -> typing.AsyncIterator[list[int]]:
         """The engine contract (decode_loop.Engine): one sequence's rounds; closing the iterator frees its cache."""
-        generator = make_generator(spec.sampling.seed)
+        generator = make_generator(None)  # unseeded sampling only: a seeded request draws keyed by position
         state = await self._prefill(spec.prompt_ids)
         try:
             while True:
@@ -156,7 +156,12 @@ class TransformersEngine:
 
 def verify_block(engine: TransformersEngine, state: SequenceState, block: DraftBlock, sampling: SamplingParams,
                  generator: torch.Generator) -> tuple[Verdict, float]:
-    """Score the block in one forward pass, decide, and roll the cache back. Runs on the compute thread."""
+    """Score the block in one forward pass, decide, and roll the cache back. Runs on the compute thread.
+
+    The rule: greedy for temperature 0; for a seeded request the coupled rule with draws keyed by (seed,
+    position), so the output is the seed's plain sample whatever the draft and k; otherwise exact rejection
+    sampling with the request's own random stream `generator`.
+    """
     started = time.perf_counter()
     logits = engine.score(state, block.token_ids)  # [k + 1, V]
     forward_s = time.perf_counter() - started
@@ -164,6 +169,9 @@ def verify_block(engine: TransformersEngine, state: SequenceState, block: DraftB
         verdict = greedy_verify(block.token_ids, logits.argmax(dim=-1).tolist())
     else:
         target_probs = probs_from_logits(logits, sampling).cpu()  # [k + 1, V]
-        verdict = rejection_sample(block.token_ids, block.probs, target_probs, generator)
+        if sampling.seed is not None:  # row 0 is the token at position len(tokens), after the pending one
+            verdict = drafter_invariant_sample(block.token_ids, target_probs, sampling.seed, len(state.tokens))
+        else:
+            verdict = rejection_sample(block.token_ids, block.probs, target_probs, generator)
     engine.commit(state, verdict.num_accepted, verdict.emitted(block.token_ids))
     return verdict, forward_s

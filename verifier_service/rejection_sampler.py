@@ -1,5 +1,10 @@
 """Accept or reject a block of draft tokens: the rules of speculative decoding.
 
+Three rules: `greedy_verify` (temperature 0), `rejection_sample` (exact speculative
+sampling, for requests without a seed) and `drafter_invariant_sample` (Gumbel-max
+coupling keyed by (seed, position), for seeded requests: its output depends on the
+seed alone, not on the draft).
+
 Glossary (as in vLLM's rejection sampler and Leviathan et al. 2023,
 arXiv 2211.17192; Chen et al. 2023, arXiv 2302.01318):
 
@@ -14,6 +19,23 @@ Every round therefore emits num_accepted + 1 tokens. The output is distributed
 exactly as the target's p: token x_i is accepted with probability
 min(1, p_i(x_i) / q_i(x_i)).
 
+Drafter-invariant speculative decoding (Daliri, Musco, Suresh 2024, "Coupling
+without communication and drafter-invariant speculative decoding", arXiv 2408.07978):
+
+- keyed draw: the target's token at absolute position n (an index into prompt +
+  completion) is y_n = argmax_v(log p_n(v) + g_n(v)), with Gumbel noise g_n fixed
+  by (seed, n) alone (specdec.sampling.keyed_sample). Over seeds y_n ~ p_n.
+- coupled acceptance: draft token x_i is accepted iff x_i == y_i. At the first
+  mismatch y_i is emitted (the recovered token); after k acceptances the bonus
+  token is y_{k+1}.
+
+The emitted sequence is therefore exactly the seeded plain sample sequence y,
+whatever the draft proposed and however blocks were cut. For a deterministic
+draft (one-hot q) x_i is accepted with probability p_i(x_i), as under rejection
+sampling; a sampled model draft that draws x_i with the same keyed noise from q
+is accepted with probability at least (1 - d) / (1 + d), d = TV(p, q), against
+1 - d for rejection sampling with an independent draft.
+
 Pure functions: no gRPC, no I/O, no model.
 """
 
@@ -23,7 +45,7 @@ import dataclasses
 
 import torch
 
-from specdec.sampling import sample
+from specdec.sampling import keyed_sample, sample
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,6 +102,27 @@ def rejection_sample(
             i = int(rejected[0])
             return Verdict(i, sample(recovered_distribution(target_probs[i], draft_probs, i, drafted[i]), generator))
     return Verdict(k, sample(target_probs[k], generator))
+
+
+def drafter_invariant_sample(
+    draft_token_ids: list[int],
+    target_probs: torch.Tensor,
+    seed: int,
+    first_position: int,
+) -> Verdict:
+    """Coupled acceptance with keyed draws (drafter-invariant speculative decoding): exact for any draft.
+
+    draft_token_ids: [k] proposed tokens; how they were chosen does not matter (q is not needed).
+    target_probs: [k + 1, V] the target's shaped distribution at each draft position, plus the bonus position.
+    seed: the request's seed; first_position: the absolute position of draft_token_ids[0] (and of row 0).
+    Draws only up to the first mismatch.
+    """
+    for i, drafted in enumerate(draft_token_ids):
+        wanted = keyed_sample(target_probs[i], seed, first_position + i)
+        if drafted != wanted:
+            return Verdict(i, wanted)
+    k = len(draft_token_ids)
+    return Verdict(k, keyed_sample(target_probs[k], seed, first_position + k))
 
 
 def recovered_distribution(

@@ -9,19 +9,19 @@ where E is the expected number of tokens a round emits when each draft token is 
 probability alpha (Leviathan et al. 2023), and T(k) is the measured wall time of a round that
 verifies k draft tokens (forward pass, draft wait, transport), k = 0 being a plain step:
 - T(k) is learnt server-wide by `RoundCost` (round times are a property of the machine and the
-  model, not of the request): the plain step's average for k = 0, and for k >= 1 the machine's
-  verify-cost curve as measured, the average round time of each block size seen, linear between
-  them and past them along a line fitted to those averages. A CPU's curve has steps (one here: 3
-  tokens cost 1.13x one, 4 tokens 1.64x), which a line would smooth into the wrong k. The size just
-  past the timed ones is predicted at the largest timed size's cost until it is timed
-  (`RoundCost.optimistic`), so the policy tries it once instead of trusting the line. What every
-  drafted round pays once (the draft's wait, the round trip to a remote draft) counts in full;
+  model, not of the request): the plain step's average for k = 0, and for k >= 1 the average
+  round time of each block size seen, linear between them and past them along a line fitted to
+  those averages. A CPU's verify-cost curve has steps that a line would smooth into the wrong k,
+  so the policy reads the measured times at each block size, and predicts the size just past the
+  timed ones at the largest timed size's cost until it is timed (`RoundCost.optimistic`), so that
+  it tries that size once instead of trusting the line. What every drafted round pays once (the
+  draft's wait, the round trip to a remote draft) counts in full;
 - alpha is this request's acceptance, with the server-wide acceptance of requests with the same
   kind of sampling (greedy or not: sampled text is accepted far less often) as a prior worth a
   few draft tokens, so that a request of a low-acceptance workload does not pay to find out.
   Acceptance is counted as the model defines it: a block stops being judged at its first
   rejected token, so a block of 8 with 2 accepted is 2 accepted of 3 judged, not of 8 (counting
-  all 8 made long blocks look 3x worse than they are and switched speculation off);
+  all 8 makes long blocks look worse than they are and switches speculation off);
 - a draft that sizes its own blocks (suffix decoding drafts only as far as its evidence goes, and
   returns fewer tokens, or none, where a match is weak) is asked for the longest block whenever
   drafting pays: the draft knows better than the policy where its proposal turns uncertain. An
@@ -33,32 +33,23 @@ verifies k draft tokens (forward pass, draft wait, transport), k = 0 being a pla
 - such a draft's block is verified only as far as it pays (`cut_block`: the n, from none to all,
   with the most expected tokens per second on the measured round times, the draft's wait being
   paid already). Its matched tokens are judged by the server-wide acceptance of blocks whose
-  match was as long (`RoundCost.by_length`), with the request's as the prior: replayed, a suffix
-  draft's 1-token blocks were accepted 0.19-0.63 of the time and its blocks of 4 and more
-  0.67-1.0, and where verifying one token costs 1.8 plain steps (an AVX2 EPYC in fp32), a
-  1-token block pays only above 0.82. A block too weak to pay is a plain step ("weak_draft");
-  a length whose blocks are cut learns nothing new, so its evidence fades with each cut, back to
-  the request's. Replayed on four measured CPU curves (`bench.policy_sim`, 5 seeds), adaptive
-  suffix on the FAQ went 1.353 -> 1.400 (AVX2 EPYC), 1.175 -> 1.242 (EPYC bf16), and SQL 1.244
-  -> 1.328, 1.076 -> 1.101; structured (4 requests) lost 0.07 on the AVX2 curve (docs/design.md);
+  match was as long (`RoundCost.by_length`), with the request's as the prior: a short match is
+  accepted far less often than a long one, and where verifying a token costs more than a plain
+  step, a short block pays only at an acceptance it seldom reaches. A block too weak to pay is a
+  plain step ("weak_draft"); a length whose blocks are cut learns nothing new, so its evidence
+  fades with each cut, back to the request's;
 - k* = 0 turns speculation off ("not_paying"), but only if it is still 0 with the acceptance half a
   standard error higher (EXPLORE_Z): an estimate from a few judged tokens just under break-even
-  drafts on and learns, where turning off would stop the evidence. Replayed over the shipped
-  greedy outputs (`bench.policy_sim`), this took adaptive >= 0.97x the best fixed k from 42 to 47
-  of 54 workload x proposer x curve pairs (creative, long prompt: acceptance 0.12-0.21 beside a
-  nearly free k = 2) for at most 1.7% more lost on chat. The request then drafts again only after a
-  cool-down (8 plain rounds, doubling up to 256 each time the retry also loses), with the block
-  whose round is cheapest (k = 1 on most machines, not on all: `probe_k`), so a request that
-  reaches a copy-heavy stretch later can still win. A retry pays only if its round beat plain
-  steps in time, not merely if tokens of its block were accepted: a draft as
-  slow as the target has every block accepted and still loses. A retry whose ask comes back empty (an
-  n-gram with no match) is over, and the request's evidence decides as after any retry that did not
-  pay; it used to ask again every round until a block came, each ask a round trip to the draft (with
-  a 20 ms round trip on a 130 ms step, `bench.policy_sim --rho 0.15` on the AVX2 EPYC curve: adaptive
-  more than 3% below off on 7 of 18 workload x proposer pairs instead of 11, chat + n-gram 0.929x ->
-  0.976x of off). Where the measured round times
-  say that even blocks accepted whole would lose (a slow or far draft), the cool-down is the
-  longest at once: every retry would cost a draft round for nothing;
+  drafts on and learns, where turning off would stop the evidence. The request then drafts again
+  only after a cool-down (8 plain rounds, doubling up to 256 each time the retry also loses), with
+  the block whose round is cheapest (`probe_k`), so a request that reaches a copy-heavy stretch
+  later can still win. A retry pays only if its round beat plain steps in time, not merely if
+  tokens of its block were accepted: a draft as slow as the target has every block accepted and
+  still loses. A retry whose ask comes back empty (an n-gram with no match) is over, and the
+  request's evidence decides as after any retry that did not pay: asking again every round until a
+  block came would pay a round trip to the draft each time. Where the measured round times say that
+  even blocks accepted whole would lose (a slow or far draft), the cool-down is the longest at
+  once: every retry would cost a draft round for nothing;
 - where one forward pass verifies many sequences' blocks (the vLLM engine's batched step), a row's
   block delays every row of the step, so the choice maximises the step's tokens per second, not the
   row's: k* = argmax_k (E(k, alpha) + S) / T_step(k), where S is what the other rows emit per step
@@ -71,12 +62,12 @@ verifies k draft tokens (forward pass, draft wait, transport), k = 0 being a pla
 - a far draft (its answer takes over FAR_DRAFT_WAIT of a plain step: another host, a slow model) is not
   always waited for (`step_while_drafting`): a round may ask for its block and decode a plain step
   meanwhile, and the next round verifies the block after the step's token if the draft guessed it; a retry
-  whose first token the step showed wrong is over (`observe_first_token`). Replayed (`bench.policy_sim
-  --rho 0.15` on the AVX2 EPYC curve, a 20 ms round trip on its 130 ms step), this took the workload x
-  proposer pairs more than 3% below off from 7 to 2 of 18 and their geometric mean from 1.115x to 1.153x.
-Every choice is lossless: k only changes how fast tokens arrive. `python -m bench.policy_sim`
+  whose first token the step showed wrong is over (`observe_first_token`). The round trip then overlaps a
+  step that emits a token anyway, instead of being paid for a block that may bring nothing.
+Every choice is lossless: k only changes how fast tokens arrive. `python -m bench policy-sim`
 replays the policy over the target's known greedy outputs of the shipped workloads, against
-every fixed k, in seconds.
+every fixed k, in seconds; the replays behind each rule are in docs/design.md ("The evidence
+behind the rules").
 """
 
 from __future__ import annotations
@@ -212,9 +203,8 @@ class RoundCost:
         more block sizes measured, drafted rounds follow the measured curve: each size's own average
         once it has MEASURED_AFTER rounds, linear between those, and along the drafted rounds' fitted
         line's slope before the first and past the last; never falling as k grows, except at a size whose own
-        average was measured cheaper: a CPU's kernels can run a longer forward faster (on one Xeon in fp32, 6
-        tokens cost 1.68 steps where 4 and 5 cost 1.87 and 1.85), and clamping that away hid the best block
-        from the policy (`bench.policy_sim`, extraction + n-gram: 0.909x the best fixed k, 0.953x without)."""
+        average was measured cheaper: a CPU's kernels can run a longer forward faster, and clamping that away
+        would hide the best block from the policy."""
         through_all = self.line()
         if through_all is None:
             return None
@@ -244,8 +234,8 @@ class RoundCost:
     def optimistic(self, times: list[float] | None) -> list[float] | None:
         """`times` (from times(max_k)) with the block size just past the timed ones predicted to cost no more than
         the largest timed one, so that the policy tries it and learns its cost (at most one size past where
-        blocks stop paying). A CPU's curve has steps (here 3 tokens cost 1.13x one, 4 tokens 1.64x) that a line
-        through the sizes timed so far puts in the wrong place, and nothing else would ever time them."""
+        blocks stop paying). A CPU's curve has steps that a line through the sizes timed so far puts in the wrong
+        place, and nothing else would ever time them."""
         timed = [n for n, e in self.seconds.items() if n and e.samples >= MEASURED_AFTER]
         if times is None or not timed or max(timed) >= len(times) - 1:
             return times
@@ -374,9 +364,8 @@ class SpeculationPolicy:
 
     def probe_k(self, times: list[float] | None) -> int:
         """The block a retry drafts: the one whose round is cheapest (PROBE_K before any round was timed). That
-        is k = 1 on most machines; on one AVX2 EPYC in fp32 a forward over 2 tokens costs 1.82 plain steps and
-        one over 6 costs 1.66, so a retry of k = 1 paid the most for the least evidence (`bench.policy_sim` on
-        that curve, adaptive over off: SQL + n-gram 0.990 -> 0.996, structured + n-gram 0.979 -> 0.993)."""
+        is k = 1 on most machines, but not on all: on a CPU where a forward over 2 tokens costs more than one
+        over 6, a retry of k = 1 would pay the most for the least evidence."""
         if times is None:
             return PROBE_K
         return min(range(1, self.max_k + 1), key=lambda k: (times[k], k))
@@ -450,9 +439,8 @@ class SpeculationPolicy:
     def observe_first_token(self, accepted: bool) -> None:
         """A prefetched block's first token against the plain step's. A retry whose first token was wrong is over, as
         one that came back empty. It is not counted in the acceptance: the step is a filter that costs nothing, and
-        the blocks it passes are the ones verified; counting its misses turned speculation off where stepping was
-        cheap (`bench.policy_sim`, copy-heavy then extraction through one server at a 20 ms round trip: extraction
-        1.670x of off counting them, 1.713x not)."""
+        the blocks it passes are the ones verified. Its misses fall where stepping was chosen, where acceptance is
+        low: counted, they would drag the server-wide prior down and turn speculation off for the next requests."""
         if not accepted:
             self.probing = False
 

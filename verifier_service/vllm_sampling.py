@@ -5,8 +5,8 @@ tokens with `expand_batch_to_tokens`. On CPU that calls a C++ kernel through
 `vllm.utils.cpu_triton_utils._expand_kernel_impl`, which converts the output tensor to int64
 first: for float tensors (temperature, top-p) it writes into a temporary copy and leaves the
 real output uninitialised. The target logits are then divided by garbage and are all +-inf,
-and any draft token is accepted: vLLM's own n-gram speculation at T=1.0 accepted a token
-whose target probability was 0.0001 in 960 of 1,036 trials (tools/check_vllm_sampling.py).
+and any draft token is accepted, even one the target all but rules out (tools/check_vllm_sampling.py
+shows it with vLLM's own n-gram speculation).
 Greedy requests never reach that code.
 
 `install()` replaces `expand_batch_to_tokens` with the same operation in plain torch. With it,

@@ -65,7 +65,7 @@ class Usage(_message.Message):
     def __init__(self, prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ...) -> None: ...
 
 class ModelInfo(_message.Message):
-    __slots__ = ("model", "vocab_size", "max_context", "eos_token_ids", "tokenizer_fingerprint", "tokenizer_class", "tokenizer_vocab_size", "num_parameters")
+    __slots__ = ("model", "vocab_size", "max_context", "eos_token_ids", "tokenizer_fingerprint", "tokenizer_class", "tokenizer_vocab_size", "num_parameters", "model_fingerprint")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
     MAX_CONTEXT_FIELD_NUMBER: _ClassVar[int]
@@ -74,6 +74,7 @@ class ModelInfo(_message.Message):
     TOKENIZER_CLASS_FIELD_NUMBER: _ClassVar[int]
     TOKENIZER_VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
     NUM_PARAMETERS_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     model: str
     vocab_size: int
     max_context: int
@@ -82,4 +83,5 @@ class ModelInfo(_message.Message):
     tokenizer_class: str
     tokenizer_vocab_size: int
     num_parameters: int
-    def __init__(self, model: _Optional[str] = ..., vocab_size: _Optional[int] = ..., max_context: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., tokenizer_fingerprint: _Optional[str] = ..., tokenizer_class: _Optional[str] = ..., tokenizer_vocab_size: _Optional[int] = ..., num_parameters: _Optional[int] = ...) -> None: ...
+    model_fingerprint: str
+    def __init__(self, model: _Optional[str] = ..., vocab_size: _Optional[int] = ..., max_context: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., tokenizer_fingerprint: _Optional[str] = ..., tokenizer_class: _Optional[str] = ..., tokenizer_vocab_size: _Optional[int] = ..., num_parameters: _Optional[int] = ..., model_fingerprint: _Optional[str] = ...) -> None: ...

@@ -133,6 +133,24 @@ def check_env_against_help(module: str, env: dict[str, str], where: str) -> list
     return problems
 
 
+def exposure_problems(name: str, env: dict) -> list[str]:
+    """An internal service (verifier, draft) in a container listens beyond loopback, which is not its default
+    (other containers could not reach it otherwise), and so needs the internal token, never --insecure."""
+    from specdec.loopback import is_loopback_host
+
+    problems = []
+    host = resolve_default(env.get("SPECDEC_HOST"))
+    if not host or is_loopback_host(host):
+        problems.append(f"{name}: SPECDEC_HOST must be a non-loopback address such as [::] (got {host!r}): the "
+                        "internal services listen on loopback unless told otherwise, out of other containers' reach")
+    if not resolve_default(env.get("SPECDEC_INTERNAL_TOKEN_FILE")):
+        problems.append(f"{name}: SPECDEC_INTERNAL_TOKEN_FILE must be set: without it, a non-loopback bind refuses "
+                        "to start")
+    if resolve_default(env.get("SPECDEC_INSECURE")).strip().lower() in {"1", "true", "yes", "on"}:
+        problems.append(f"{name}: SPECDEC_INSECURE must not be set: the token authenticates the peers")
+    return problems
+
+
 @pytest.fixture(scope="session")
 def repo() -> Path:
     return REPO

@@ -26,6 +26,7 @@ from tests.deploy.conftest import (
     PYTHON,
     REPO,
     check_env_against_help,
+    exposure_problems,
     module_help,
     prefetch_help,
     python_module_of,
@@ -124,6 +125,8 @@ def compose_problems(data: dict, expect_gpu: bool) -> list[str]:
         env = env_of(svc)
         if python_module_of(svc.get("command")) != module:
             problems.append(f"{name}: command must run `python -m {module}`, got {svc.get('command')!r}")
+        if module != "gateway":
+            problems += exposure_problems(name, env)
         port = int(resolve_default(env.get("SPECDEC_PORT", GRPC_PORTS[module])))
         if port != GRPC_PORTS[module]:
             problems.append(f"{name}: SPECDEC_PORT {port} differs from the contract port {GRPC_PORTS[module]}")
@@ -311,6 +314,9 @@ def test_cpu_variant_differs_from_gpu_only_in_the_verifier_device():
         (lambda s: s["gateway"]["environment"].pop("OTEL_EXPORTER_OTLP_ENDPOINT"), "OTEL_EXPORTER_OTLP_ENDPOINT"),
         (lambda s: s["gateway"]["environment"].__setitem__("SPECDEC_HTTP_PORT", "8080"), "SPECDEC_HTTP_PORT must be"),
         (lambda s: s["gateway"]["ports"].pop(), "must publish port 8000"),
+        (lambda s: s["draft"]["environment"].pop("SPECDEC_HOST"), "draft: SPECDEC_HOST must be a non-loopback"),
+        (lambda s: s["verifier"]["environment"].__setitem__("SPECDEC_INSECURE", "true"),
+         "verifier: SPECDEC_INSECURE must not be set"),
     ],
     ids=[
         "missing-depends-target",
@@ -323,6 +329,8 @@ def test_cpu_variant_differs_from_gpu_only_in_the_verifier_device():
         "no-tracing",
         "wrong-http-port",
         "http-not-published",
+        "draft-on-loopback",
+        "verifier-insecure",
     ],
 )
 def test_consistency_check_rejects_a_broken_copy(tmp_path, mutate, expected):

@@ -22,6 +22,7 @@ from tests.deploy.conftest import (
     KNOWN_MODULES,
     METRICS_PORTS,
     check_env_against_help,
+    exposure_problems,
     module_help,
     prefetch_help,
     python_module_of,
@@ -251,6 +252,16 @@ def k8s_problems(docs: list[dict], tls: bool) -> list[str]:
             if "nvidia.com/gpu" in limits:
                 problems.append(f"{dname}: should not take a GPU")
 
+    # The internal services listen beyond loopback (not their default) with the token.
+    shared = {k: v for k, v in ((configmaps.get("specdec-config") or {}).get("data") or {}).items()
+              if k.startswith("SPECDEC_")}
+    for name in ("verifier", "draft"):
+        if name in deployments:
+            main = deployments[name]["spec"]["template"]["spec"]["containers"][0]
+            env = {**shared, **{k: (e.get("value") or ("(from a reference)" if e.get("valueFrom") else None))
+                                for k, e in env_map(main).items()}}
+            problems += exposure_problems(name, env)
+
     # Addresses: HOST must be the Service, PORT its grpc port.
     for dname, dep in deployments.items():
         main = dep["spec"]["template"]["spec"]["containers"][0]
@@ -347,6 +358,9 @@ def test_manifests_are_consistent(rendered, name):
         ("verifier.yaml", "key: verifier.engine", "key: verifier.engin", "missing ConfigMap key"),
         ("gateway.yaml", "key: api-keys", "key: api-key", "missing Secret key"),
         ("verifier.yaml", "  clusterIP: None", "  type: ClusterIP", "must be headless"),
+        ("draft.yaml", '            - {name: SPECDEC_HOST, value: "[::]"}\n', "",
+         "draft: SPECDEC_HOST must be a non-loopback"),
+        ("verifier.yaml", 'value: "[::]"}', 'value: "127.0.0.1"}', "verifier: SPECDEC_HOST must be a non-loopback"),
         (
             "draft.yaml",
             "app.kubernetes.io/name: draft\n  ports:",
@@ -365,6 +379,8 @@ def test_manifests_are_consistent(rendered, name):
         "missing-configmap-key",
         "missing-secret-key",
         "not-headless",
+        "draft-on-loopback",
+        "verifier-on-loopback",
         "selector-mismatch",
     ],
 )

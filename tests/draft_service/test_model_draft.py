@@ -48,3 +48,22 @@ def test_sampling_returns_q_rows_that_sum_to_one(proposer):
     torch.testing.assert_close(proposal.probs.sum(-1), torch.ones(3))
     for token, row in zip(proposal.token_ids, proposal.probs):
         assert row[token] > 0 and (row > 0).sum() <= 5
+
+
+def test_a_seeded_draft_samples_with_the_verifiers_keyed_noise(tiny_pair):
+    """Gumbel coupling: a draft sampling q with the noise keyed by (seed, position) proposes the target's own
+    keyed draw where q == p, so a draft that is the target itself is accepted whole by the coupled rule."""
+    from specdec.draft_block import DraftBlock
+    from specdec.sampling import make_generator
+    from verifier_service.engine import TransformersEngine, verify_block
+
+    target = load_causal_lm(str(tiny_pair[0]))
+    engine, proposer = TransformersEngine(target), ModelProposer(target)
+    prompt, accepted = [5, 6, 7], 0
+    for seed in range(10):
+        params = SamplingParams(temperature=0.9, seed=seed)
+        block = proposer.start(prompt, params, return_probs=False).propose(4)
+        assert block.probs is None  # the coupled rule needs no q
+        verdict, _ = verify_block(engine, engine.start(prompt), DraftBlock(block.token_ids), params, make_generator(None))
+        accepted += verdict.num_accepted
+    assert accepted == 40

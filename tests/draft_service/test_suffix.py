@@ -204,6 +204,21 @@ def test_tenants_share_no_entries():
     suffix.cache.check()  # each tenant's tree counts its own outputs only and refers to nothing else
 
 
+def test_a_tenants_drafts_do_not_change_with_another_tenants_traffic():
+    """Each tenant's cache has its own budget: tenant a's traffic cannot evict b's outputs, so b's drafts, and so
+    its acceptance statistics, are the same with or without a's traffic in between."""
+
+    def b_repeats(a_requests: int) -> tuple[int, list[list[int]]]:
+        suffix = proposer(suffix_scope="tenant", suffix_max_cached_tokens=40)
+        generate(suffix, [100], [1, 2, 3, 4, 5, 6, 7, 8], tenant="b")
+        for i in range(a_requests):
+            generate(suffix, [100], [50 + i, 60, 70 + i, 80, 90 + i], tenant="a")
+        rounds = generate(suffix, [100], [1, 2, 3, 4, 5, 6, 7, 8], tenant="b", finish=False)
+        return rounds, [start(suffix, [0, 1, 2, 3], tenant="b").propose(4).token_ids, suffix.cache.outputs("b")]
+
+    assert b_repeats(a_requests=30) == b_repeats(a_requests=0)
+
+
 def test_global_scope_shares_across_tenants():
     suffix = proposer(suffix_scope="global")
     generate(suffix, [100], [1, 2, 3, 4], tenant="a")
@@ -271,6 +286,7 @@ def test_a_chain_stops_where_its_running_probability_falls_below_the_floor(min_t
     ("suffix_scope", "everyone", "--suffix-scope"),
     ("suffix_max_depth", 1, "--suffix-max-depth"),
     ("suffix_max_cached_tokens", -1, "--suffix-max-cached-tokens"),
+    ("suffix_max_tenants", 0, "--suffix-max-tenants"),
     ("suffix_min_token_prob", 1.5, "--suffix-min-token-prob"),
 ])
 def test_config_errors_name_the_flag(field, value, flag):

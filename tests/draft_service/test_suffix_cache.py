@@ -163,10 +163,46 @@ def test_scopes_share_no_entries():
 
 
 def test_a_scope_whose_outputs_are_all_evicted_is_dropped():
-    cache = SuffixCache(max_depth=8, max_requests=1, max_tokens=100)
+    cache = SuffixCache(max_depth=8, max_requests=1, max_tokens=100, max_scopes=1)
     for tenant in ("a", "b", "c"):
         cache.insert(tenant, [1, 2, 3])
     assert cache.scopes == ["c"]
+
+
+def test_one_scopes_traffic_never_evicts_another_scopes_outputs():
+    cache = SuffixCache(max_depth=8, max_requests=3, max_tokens=12, max_scopes=2)
+    cache.insert("b", [1, 2, 3, 4])
+    cache.insert("b", [5, 6, 7, 8])
+    b_outputs, b_draft = cache.outputs("b"), cache.speculate("b", [1, 2], 4)
+    for i in range(50):  # far over the budgets, which are each scope's own
+        result = cache.insert("a", [1, 2, 100 + i, 200 + i])
+        assert result.evicted_for_scopes == 0
+    assert cache.outputs("b") == b_outputs and cache.speculate("b", [1, 2], 4) == b_draft
+    assert len(cache.outputs("a")) == 3 and cache.outputs("a")[-1] == [1, 2, 149, 249]
+    assert cache.cached_requests == 5 and cache.cached_tokens == 20
+    cache.check()
+
+
+def test_a_new_scope_beyond_max_scopes_evicts_the_least_recently_used_one_whole():
+    cache = SuffixCache(max_depth=8, max_requests=10, max_tokens=100, max_scopes=2)
+    cache.insert("a", [1, 2, 3])
+    cache.insert("b", [1, 2, 4])
+    cache.insert("b", [1, 2, 5])
+    assert cache.speculate("a", [1, 2], 4).token_ids == [3]  # a drafted: b is now the least recently used
+    result = cache.insert("c", [1, 2, 6])
+    assert result.evicted_for_scopes == 2 and cache.scopes == ["a", "c"]
+    assert cache.speculate("b", [1, 2], 4).token_ids == [] and cache.outputs("a") == [[1, 2, 3]]
+    assert cache.cached_requests == 2 and cache.cached_tokens == 6
+    cache.check()
+
+
+def test_memory_stays_bounded_by_scopes_times_tokens():
+    rng = random.Random(7)
+    cache = SuffixCache(max_depth=8, max_requests=1000, max_tokens=50, max_scopes=3)
+    for _ in range(400):
+        cache.insert(f"tenant-{rng.randrange(10)}", [rng.randrange(50) for _ in range(rng.randrange(1, 30))])
+        assert cache.cached_tokens <= 3 * 50 and len(cache.scopes) <= 3
+    cache.check()
 
 
 def test_proposal_cost_does_not_grow_with_the_cache():

@@ -9,7 +9,7 @@ from specdec.v1 import gateway_pb2_grpc
 
 # "METHOD:VARIANT" stacks: pipelined drafting off, or every block drafted ahead deliberately wrong
 VARIANTS = {"": ([], []), "serial": ([], ["--draft-ahead", "false"]),
-            "wrong_ahead": (["--inject-ahead-fault", "wrong_tokens"], [])}
+            "wrong_ahead": (["--enable-fault-injection", "true", "--inject-ahead-fault", "wrong_tokens"], [])}
 
 
 @pytest.fixture(scope="session", params=["ngram", "model"])

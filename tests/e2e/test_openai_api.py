@@ -262,6 +262,10 @@ def test_verifier_down_gets_503(api):
     """Last: it kills the module's verifier."""
     assert get(api, "/health")[0] == 200
     api.services["verifier"].kill()
+    # /health reports the gateway's verifier watch, as gRPC health does: it notices at the channel's state change
+    deadline = time.monotonic() + 10
+    while get(api, "/health")[0] == 200 and time.monotonic() < deadline:
+        time.sleep(0.05)
     status, body = get(api, "/health")
     assert status == 503 and json.loads(body)["error"]["code"] == "service_unavailable"
     with pytest.raises(openai.InternalServerError) as info:

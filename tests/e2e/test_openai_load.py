@@ -1,4 +1,4 @@
-"""bench.load end to end on the tiny models: vLLM's serving benchmark drives the gateway's HTTP API.
+"""python -m bench load end to end on the tiny models: vLLM's serving benchmark drives the gateway's HTTP API.
 
 A tiny sweep (two rates, speculation off and fixed k, three requests a point) through the real
 stack and the real `vllm bench serve` module in .venv-vllm; it must complete every request and
@@ -13,7 +13,7 @@ import pathlib
 
 import pytest
 
-from bench import load
+from bench.studies import load
 from specdec.stack import REPO_ROOT
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]

@@ -1,7 +1,7 @@
 """gateway.http_server: the HTTP API on uvicorn in our event loop, with the gRPC server's TLS flags.
 
 Real sockets, real TLS (a throwaway CA) and a real verifier channel that finds
-nobody listening, so /health answers 503 with OpenAI's error object.
+nobody listening: the verifier watch says so, and /health answers 503 with OpenAI's error object.
 """
 
 from __future__ import annotations
@@ -10,21 +10,23 @@ import asyncio
 import json
 import socket
 import ssl
+import time
 import urllib.error
 import urllib.request
 
 import grpc
 import pytest
-from grpc_health.v1 import health_pb2_grpc
 
 from gateway.config import GatewayConfig
 from gateway.generation import Generation
-from gateway.http_server import start_http, tls_options
+from gateway.http_server import ConnectionLimits, start_http, tls_options
 from gateway.openai_api import ServedModel, create_app
 from gateway.validation import ModelLimits
+from gateway.verifier_watch import VerifierWatch
 from specdec.config import ServerConfig
 from specdec.grpc_server import ConfigError
 from specdec.stack import free_port
+from specdec.v1 import common_pb2
 from tests.reliability.support import Certs
 
 KEY = "sk-http-test"
@@ -51,14 +53,19 @@ def client_context(certs: Certs, with_certificate: bool) -> ssl.SSLContext:
     return context
 
 
-def serve_and_call(server_cfg: ServerConfig, calls) -> list:
+def serve_and_call(server_cfg: ServerConfig, calls, limits: ConnectionLimits = ConnectionLimits()) -> list:
     """Start the HTTP API (verifier unreachable) on a free port, run the blocking `calls(port)`, stop it."""
 
     async def main():
         channel = grpc.aio.insecure_channel(f"127.0.0.1:{free_port()}")  # nobody listens there
-        app = create_app(Generation(None, None, ModelLimits(100, 64), GatewayConfig()), ServedModel("tiny", 64),
-                         [KEY], health_pb2_grpc.HealthStub(channel))
-        http = await start_http(app, server_cfg, 0)
+        generation = Generation(None, None, ModelLimits(100, 64), GatewayConfig())
+
+        async def verifier_changed(problem, _info):  # as gateway/__main__.py does
+            generation.verifier_problem = problem
+
+        await VerifierWatch(channel, "nobody", common_pb2.ModelInfo(), 60, verifier_changed).check_and_report()
+        app = create_app(generation, ServedModel("tiny", 64), [KEY])
+        http = await start_http(app, server_cfg, 0, limits)
         try:
             return await asyncio.to_thread(calls, http.port)
         finally:
@@ -109,6 +116,69 @@ def test_tls_without_client_certificates_when_not_required(certs):
                                                                 client_context(certs, False), KEY))
     assert status == 200
     assert tls_options(server_cfg)["ssl_cert_reqs"] == ssl.CERT_OPTIONAL
+
+
+def seconds_until_closed(sock: socket.socket, limit_s: float = 8.0) -> float | None:
+    """How long until the server closes `sock` (reads until EOF, discarding what comes); None if it stays open."""
+    started = time.monotonic()
+    sock.settimeout(limit_s)
+    try:
+        while sock.recv(65536):
+            pass
+    except TimeoutError:
+        return None
+    except ConnectionResetError:
+        pass
+    return time.monotonic() - started
+
+
+def test_idle_and_partial_header_sockets_are_closed_within_the_header_timeout():
+    limits = ConnectionLimits(header_timeout_s=0.5)
+
+    def calls(port):
+        idle = socket.create_connection(("127.0.0.1", port))
+        partial = socket.create_connection(("127.0.0.1", port))
+        partial.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Slow: ")  # the head never ends
+        with idle, partial:
+            return seconds_until_closed(idle), seconds_until_closed(partial)
+
+    idle_s, partial_s = serve_and_call(ServerConfig(host="127.0.0.1", grace_s=1), calls, limits)
+    assert idle_s is not None and partial_s is not None, "a socket without a complete request head stayed open"
+    assert idle_s < 3 and partial_s < 3
+
+
+def test_a_keep_alive_connection_is_closed_when_idle_and_its_next_head_is_timed_too():
+    limits = ConnectionLimits(header_timeout_s=1.0, keep_alive_s=0.5)
+    request = b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
+
+    def calls(port):
+        with socket.create_connection(("127.0.0.1", port)) as idle, \
+                socket.create_connection(("127.0.0.1", port)) as slow:
+            idle.sendall(request)
+            slow.sendall(request)
+            slow.settimeout(5)
+            assert slow.recv(65536).startswith(b"HTTP/1.1 503")  # answered; now a second head, unfinished
+            slow.sendall(b"GET /health HTTP/1.1\r\n")
+            return seconds_until_closed(idle), seconds_until_closed(slow)
+
+    idle_s, slow_s = serve_and_call(ServerConfig(host="127.0.0.1", grace_s=1), calls, limits)
+    assert idle_s is not None and idle_s < 3
+    assert slow_s is not None and slow_s < 4
+
+
+def test_connections_beyond_the_cap_are_closed_as_they_arrive():
+    def calls(port):
+        sockets = [socket.create_connection(("127.0.0.1", port)) for _ in range(6)]
+        time.sleep(0.3)
+        try:
+            return [seconds_until_closed(sock, 1.0) is not None for sock in sockets]
+        finally:
+            for sock in sockets:
+                sock.close()
+
+    closed = serve_and_call(ServerConfig(host="127.0.0.1", grace_s=1), calls,
+                            ConnectionLimits(header_timeout_s=30, max_connections=4))
+    assert closed == [False] * 4 + [True] * 2
 
 
 def test_a_busy_port_or_half_a_tls_pair_is_a_config_error():

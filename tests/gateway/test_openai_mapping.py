@@ -52,7 +52,9 @@ def test_defaults_follow_openai_and_vllm():
     assert not request.HasField("top_p") and not request.HasField("seed")
     assert not request.HasField("num_speculative_tokens")  # the server's (adaptive) default
     assert request.max_tokens == 0  # chat: the gateway's --default-max-tokens
-    assert protocol.generate_request(completion(), "P").max_tokens == 16  # OpenAI's default for /v1/completions
+    # completions: OpenAI's default of 16, as a default (held to the room the prompt leaves), not as a value sent
+    assert protocol.generate_request(completion(), "P").max_tokens == 0
+    assert protocol.default_max_tokens(completion()) == 16 and protocol.default_max_tokens(chat()) is None
 
 
 def test_max_tokens_and_max_completion_tokens_must_agree():
@@ -192,3 +194,29 @@ def test_text_completion_chunks_carry_text_and_finish_reason_null_until_the_last
     assert chunk["object"] == "text_completion" and chunk["prompt_token_ids"] == [1] and "usage" not in chunk
     last = Completion.model_validate(reply.chunk("b", [6], final_message()))
     assert last.choices[0].text == "b" and last.choices[0].finish_reason == "length"
+
+
+@pytest.mark.parametrize("body, param", [
+    ('{"prompt": [1099511627776]}', "prompt.0"),
+    ('{"prompt": [[5, 1099511627776]]}', "prompt.0.1"),
+    ('{"prompt": "x", "stream": "yes"}', "stream"),
+    ('{"prompt": "x", "max_tokens": true}', "max_tokens"),
+    ('{"prompt": 5}', "prompt"),
+    ('{"prompt": "x", "stop": ["a", 5]}', "stop.1"),
+    ('{"prompt": "x", "model": "m", ', None),
+])
+def test_validation_errors_name_the_field_by_its_path_parsed_either_way(body, param):
+    """The same 400 whether pydantic parsed the JSON (no "body" in loc) or FastAPI did (json.loads, then a dict)."""
+    import json
+
+    import pydantic
+
+    parsed = [lambda: protocol.CompletionRequest.model_validate_json(body)]
+    if param is not None:
+        parsed.append(lambda: protocol.CompletionRequest.model_validate(json.loads(body)))
+    for parse in parsed:
+        with pytest.raises(pydantic.ValidationError) as raised:
+            parse()
+        error = protocol.error_from_validation(raised.value.errors())
+        assert (error.status, error.param) == (400, param), error.body()
+        assert error.message.startswith(param or "the request body is not valid JSON"), error.message

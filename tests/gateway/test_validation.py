@@ -51,3 +51,24 @@ def test_the_request_size_bound_holds_any_prompt_that_fits():
     ids = ids_request(CAPPED.prompt_tokens)
     ids.prompt_token_ids.ids[:] = [2**31 - 1] * CAPPED.prompt_tokens
     assert ids.ByteSize() <= CAPPED.request_bytes
+
+
+def test_an_unset_max_tokens_is_held_to_the_room_the_prompt_leaves():
+    """As vLLM does: the default never refuses a prompt that fits; a value the client set is not held."""
+    uncapped = ModelLimits(vocab_size=100, max_context=64)
+    assert check_generate_request(ids_request(20), [5] * 20, uncapped, 256, -1).max_tokens == 44
+    assert check_generate_request(ids_request(63), [5] * 63, uncapped, 256, -1).max_tokens == 1
+    assert check_generate_request(ids_request(8), [5] * 8, uncapped, 16, -1).max_tokens == 16
+    with pytest.raises(InvalidRequest) as raised:
+        check_generate_request(ids_request(64), [5] * 64, uncapped, 256, -1)
+    assert str(raised.value) == ("prompt_token_ids has 64 tokens, which fill the model's context of 64 tokens and "
+                                 "leave no room for output")
+    with pytest.raises(InvalidRequest, match="max_tokens 45 plus 20 prompt tokens exceeds"):
+        check_generate_request(ids_request(20, max_tokens=45), [5] * 20, uncapped, 256, -1)
+
+
+def test_a_conversation_that_cannot_fit_is_refused_before_its_template_renders():
+    assert CAPPED.messages_size_problem(["a"] * 10) is None
+    assert CAPPED.messages_size_problem(["a"] * 11) == \
+        "messages has 11 messages; prompts may have at most 10 tokens (--max-prompt-tokens)"
+    assert CAPPED.messages_size_problem(["x" * 30, "x" * 21]).startswith("messages have 51 characters")

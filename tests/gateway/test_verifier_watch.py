@@ -11,7 +11,8 @@ from gateway.verifier_watch import VerifierWatch
 from specdec.v1 import common_pb2, verifier_pb2, verifier_pb2_grpc
 
 OURS = common_pb2.ModelInfo(model="m", vocab_size=64, max_context=512, eos_token_ids=[2],
-                            tokenizer_fingerprint="abc", tokenizer_class="Fast", tokenizer_vocab_size=64)
+                            tokenizer_fingerprint="abc", tokenizer_class="Fast", tokenizer_vocab_size=64,
+                            model_fingerprint="1234")
 
 
 class ModelInfoOnly(verifier_pb2_grpc.VerifierServiceServicer):
@@ -23,13 +24,19 @@ class ModelInfoOnly(verifier_pb2_grpc.VerifierServiceServicer):
         return verifier_pb2.GetModelInfoResponse(info=self.info)
 
 
+async def model_info_server() -> tuple[grpc.aio.Server, "ModelInfoOnly", int]:
+    """A started verifier stand-in that only answers GetModelInfo, on a free port."""
+    server = grpc.aio.server()
+    servicer = ModelInfoOnly()
+    verifier_pb2_grpc.add_VerifierServiceServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    return server, servicer, port
+
+
 def test_reports_each_change_once_and_nothing_while_nothing_changes():
     async def scenario():
-        server = grpc.aio.server()
-        servicer = ModelInfoOnly()
-        verifier_pb2_grpc.add_VerifierServiceServicer_to_server(servicer, server)
-        port = server.add_insecure_port("127.0.0.1:0")
-        await server.start()
+        server, servicer, port = await model_info_server()
         reports = []
 
         async def on_change(problem, info):
@@ -66,5 +73,30 @@ def test_the_first_check_is_always_reported():
             watch = VerifierWatch(channel, "127.0.0.1:1", OURS, period_s=60, on_change=on_change)
             await watch.check_and_report()
         assert len(reports) == 1 and "not answering" in reports[0]
+
+    asyncio.run(asyncio.wait_for(scenario(), 30))
+
+
+def test_another_model_with_the_same_tokenizer_is_unusable_until_the_pinned_one_is_back():
+    async def scenario():
+        server, servicer, port = await model_info_server()
+        reports = []
+
+        async def on_change(problem, info):
+            reports.append((problem, info.model if info is not None else None))
+
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            watch = VerifierWatch(channel, f"127.0.0.1:{port}", OURS, 60, on_change, model=OURS)
+            await watch.check_and_report()
+            servicer.info.model, servicer.info.model_fingerprint = "other-model", "5678"
+            await watch.check_and_report()
+            servicer.info.model, servicer.info.model_fingerprint = "m-copy", "1234"  # the same weights, renamed
+            await watch.check_and_report()
+            await server.stop(None)
+        assert reports[0] == (None, "m")
+        problem = reports[1][0]
+        assert reports[1][1] is None and "another model" in problem
+        assert all(part in problem for part in ("other-model", "5678", "m", "1234"))
+        assert reports[2] == (None, "m-copy")
 
     asyncio.run(asyncio.wait_for(scenario(), 30))

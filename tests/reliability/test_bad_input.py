@@ -210,7 +210,7 @@ def test_draft_rejects_each_bad_stream(main_stack):
         assert list(stub.Propose(iter([]), timeout=30)) == []
         replies = list(stub.Propose(iter([start(), nxt(3, [], 2), nxt(4, [9], 2)]), timeout=30))
         assert len(replies) == 2 and replies[-1].sequence_length >= 5
-        # the largest seed is valid: the draft's own stream is seeded (seed + 1) mod 2**64
+        # the largest seed is valid: the model draft keys its draws by (seed, position), any 64-bit seed
         assert len(list(stub.Propose(iter([start(temperature=1.0, seed=2**64 - 1), nxt(3)]), timeout=30))) == 1
     # every refused stream freed its sequence
     assert wait_for(lambda: gauge(main_stack.draft) == 0, 10)

@@ -31,7 +31,7 @@ LONG = gateway_pb2.GenerateRequest(prompt=LONG_PROMPT, max_tokens=240, num_specu
 def stack(tiny_pair, tmp_path_factory):
     target, draft = tiny_pair
     stack = Stack(target, draft, tmp_path_factory.mktemp("fault-logs"), method="ngram",
-                  draft_args=["--inject-delay-ms", str(DELAY_MS)],
+                  draft_args=["--enable-fault-injection", "true", "--inject-delay-ms", str(DELAY_MS)],
                   verifier_args=["--draft-timeout-ms", str(DRAFT_TIMEOUT_MS), "--sequence-ttl-s", str(TTL_S),
                                  "--max-sequences", str(MAX_SEQUENCES), "--max-cache-tokens", str(MAX_CACHE_TOKENS)])
     yield stack
@@ -161,7 +161,7 @@ def test_speculation_resumes_after_the_draft_restarts_on_the_same_port(stack, ga
 
 
 def test_slow_draft_falls_back_and_stays_lossless(stack, gateway, reference):
-    stack.restart_draft(["--inject-delay-ms", str(DRAFT_TIMEOUT_MS * 3)])
+    stack.restart_draft(["--enable-fault-injection", "true", "--inject-delay-ms", str(DRAFT_TIMEOUT_MS * 3)])
     request = gateway_pb2.GenerateRequest(prompt=LONG_PROMPT, max_tokens=60, num_speculative_tokens=4)
     started = time.perf_counter()
     response = gateway.Generate(request, timeout=120)

@@ -156,11 +156,13 @@ def test_api_keys_that_name_no_key_are_refused():
 
 
 def test_the_seed_says_exactly_what_it_guarantees():
-    """The proto used to promise a reproducible request for any seed; it holds only with an explicit k and no
-    fallback rounds (tests/reliability/test_hardening.py shows that promise kept under concurrency)."""
+    """The proto used to promise a reproducible request for any seed; it held only with an explicit k and no
+    fallback rounds. With draws keyed by (seed, position) it holds whatever the draft and k on the transformers
+    engine (tests/e2e/test_seeded_sampling.py); the vLLM engine keeps the narrower promise, and says so."""
     proto = (REPO_ROOT / "protos/specdec/v1/common.proto").read_text()
     comment = proto[:proto.index("optional uint64 seed = 4;")].rsplit("\n\n", 1)[-1]
     comment = comment[comment.index("// Random seed"):]
     for words in ["explicit num_speculative_tokens", "num_fallback_rounds", "num_speculative_tokens unset",
-                  "Other requests running at the same time do not change it"]:
+                  "Other requests running at the same time do not change it", "keyed by (seed, position)",
+                  "whatever the draft proposes", "On the vLLM engine"]:
         assert words in " ".join(line.strip().lstrip("/ ") for line in comment.splitlines()), words

@@ -1,6 +1,7 @@
 """What every server and channel wraps around calls (specdec/interceptors.py, wired in specdec/grpc_server.py):
 undecodable requests, the internal token, stream clean-up on cancel; and where /metrics binds, and log lines
-that a client's string cannot break.
+that a client's string cannot break. Closed by default: where the internal services listen, the refusal of an
+open bind, and whose tenant is trusted.
 
 A real DraftService runs in this process (tests/draft_service/inprocess.py); the calls are real gRPC calls.
 """
@@ -20,7 +21,11 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from specdec import grpc_server, metrics
 from specdec.config import ServerConfig
 from specdec.interceptors import INTERNAL_TOKEN_KEY
-from specdec.v1 import draft_pb2, draft_pb2_grpc
+from draft_service.config import DraftConfig
+from draft_service.ngram import NgramProposer
+from draft_service.server import DraftServicer
+from specdec.v1 import draft_pb2, draft_pb2_grpc, verifier_pb2, verifier_pb2_grpc
+from tests.draft_service import inprocess
 from tests.draft_service.inprocess import draft_server
 from tests.grpc_streams import replies
 from tests.log_records import logged_errors
@@ -201,3 +206,113 @@ def test_setup_logging_json(capsys):
     assert line.count("\n") == 1
     assert json.loads(line) | {"time": ""} == {"time": "", "level": "WARNING", "logger": "draft_service",
                                                 "message": "request x\ny"}
+
+
+# ---------------------------------------------------------------- closed by default
+
+
+def test_internal_services_listen_on_loopback_unless_told_and_the_gateway_everywhere():
+    """`python -m draft_service` / `verifier_service` bare: loopback; the gateway is the public front door."""
+    from draft_service.__main__ import DEFAULTS as DRAFT
+    from draft_service.config import DraftConfig
+    from gateway.__main__ import DEFAULTS as GATEWAY
+    from gateway.config import GatewayConfig
+    from specdec import config as specdec_config
+    from specdec.loopback import is_loopback_host
+    from verifier_service.__main__ import DEFAULTS as VERIFIER
+    from verifier_service.config import VerifierConfig
+
+    hosts = {name: specdec_config.parse([ServerConfig, config], "", [], defaults=defaults)[0].host
+             for name, config, defaults in [("draft", DraftConfig, DRAFT), ("verifier", VerifierConfig, VERIFIER),
+                                            ("gateway", GatewayConfig, GATEWAY)]}
+    assert is_loopback_host(hosts["draft"]) and is_loopback_host(hosts["verifier"]), hosts
+    assert hosts["gateway"] == "[::]"
+    for config in (DraftConfig, VerifierConfig):  # --insecure is theirs, off by default
+        assert specdec_config.parse([ServerConfig, config], "", ["--insecure", "true"])[1].insecure
+        assert not config().insecure
+
+
+@pytest.mark.parametrize("host", ["[::]", "0.0.0.0", "192.0.2.2", ""])
+def test_an_open_bind_needs_the_token_mtls_or_insecure(tmp_path, host):
+    with pytest.raises(grpc_server.ConfigError, match=r"refusing to serve on --host .*--internal-token-file.*"
+                                                       r"--insecure"):
+        grpc_server.check_internal_exposure(ServerConfig(host=host), insecure=False)
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN)
+    for allowed in [ServerConfig(host=host, internal_token_file=str(token_file)),
+                    ServerConfig(host=host, tls_cert="c.pem", tls_key="k.pem", tls_ca="ca.pem")]:
+        grpc_server.check_internal_exposure(allowed, insecure=False)
+    grpc_server.check_internal_exposure(ServerConfig(host=host), insecure=True)
+    # TLS without client certificates authenticates no caller
+    with pytest.raises(grpc_server.ConfigError):
+        grpc_server.check_internal_exposure(ServerConfig(host=host, tls_cert="c", tls_key="k", tls_ca="ca",
+                                                         tls_require_client_cert=False), insecure=False)
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "localhost", "[::1]"])
+def test_a_loopback_bind_needs_nothing(host):
+    grpc_server.check_internal_exposure(ServerConfig(host=host), insecure=False)
+
+
+class _RecordingVerifier(verifier_pb2_grpc.VerifierServiceServicer):
+    def __init__(self):
+        self.tenants = []
+
+    async def Decode(self, request, context):
+        self.tenants.append(request.tenant)
+        yield verifier_pb2.DecodeResponse(token_ids=[1])
+
+
+class _RecordingNgram(NgramProposer):
+    def __init__(self):
+        super().__init__()
+        self.tenants = []
+
+    def start(self, prompt_ids, sampling, return_probs, tenant=""):
+        self.tenants.append(tenant)
+        return super().start(prompt_ids, sampling, return_probs, tenant)
+
+
+def test_a_tenant_is_trusted_only_from_an_authenticated_peer(tmp_path, caplog):
+    """A server on every interface without the token (--insecure): a tenant from loopback is kept, one from
+    another address becomes the shared tenant "" (logged once); with the token, every caller that gets in
+    presented it, so its tenant is kept."""
+    from tests.specdec.test_loopback import non_loopback_address
+
+    outside = non_loopback_address()
+    if not outside:
+        pytest.skip("this machine has no non-loopback address to call from")
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN)
+    decode = verifier_pb2.DecodeRequest(prompt_token_ids=[1, 2], max_tokens=1, tenant="tenant-a")
+    start = draft_pb2.ProposeRequest(start=draft_pb2.StartSequence(request_id="r", prompt_token_ids=[1, 2, 3],
+                                                                   tenant="tenant-a"))
+
+    async def calls(port: int, metadata=()) -> None:
+        for via in ("127.0.0.1", outside, outside):
+            async with grpc.aio.insecure_channel(f"{via}:{port}") as channel:
+                await replies(draft_pb2_grpc.DraftServiceStub(channel).Propose(metadata=metadata), [start])
+                [reply async for reply in verifier_pb2_grpc.VerifierServiceStub(channel).Decode(
+                    decode, metadata=metadata, timeout=10)]
+
+    async def scenario(config: ServerConfig, metadata=()) -> tuple[list, list]:
+        proposer, verifier = _RecordingNgram(), _RecordingVerifier()
+
+        def register(server):
+            draft_pb2_grpc.add_DraftServiceServicer_to_server(
+                DraftServicer(proposer, inprocess.INFO, DraftConfig()), server)
+            verifier_pb2_grpc.add_VerifierServiceServicer_to_server(verifier, server)
+
+        running = await grpc_server.start_server(config, register, [])
+        try:
+            await calls(running.port, metadata)
+        finally:
+            await running.stop(0)
+        return proposer.tenants, verifier.tenants
+
+    with caplog.at_level(logging.INFO):
+        assert asyncio.run(scenario(ServerConfig(host="[::]"))) == (["tenant-a", "", ""], ["tenant-a", "", ""])
+    warnings = [r.getMessage() for r in caplog.records if "nothing authenticates it" in r.getMessage()]
+    assert len(warnings) == 1 and "tenant-a" not in warnings[0], warnings
+    secure = ServerConfig(host="[::]", internal_token_file=str(token_file))
+    assert asyncio.run(scenario(secure, ((INTERNAL_TOKEN_KEY, TOKEN),))) == (["tenant-a"] * 3, ["tenant-a"] * 3)

@@ -94,6 +94,14 @@ def test_bool_values_from_flag_and_env(monkeypatch, text, value):
     assert parse_knobs("--verbose", str(not value)).verbose is (not value)  # the flag still wins
 
 
+def test_a_bare_bool_flag_means_true(monkeypatch):
+    """`--insecure` as the issue writes it, not only `--insecure true`."""
+    assert parse_knobs("--verbose").verbose is True
+    assert parse_knobs("--verbose", "--threads", "3") == Knobs(threads=3, verbose=True)
+    monkeypatch.setenv("SPECDEC_VERBOSE", "false")
+    assert parse_knobs("--verbose").verbose is True
+
+
 def test_an_empty_bool_variable_is_false(monkeypatch):
     monkeypatch.setenv("SPECDEC_VERBOSE", "")
     assert parse_knobs().verbose is False
@@ -166,14 +174,14 @@ def test_every_service_prints_its_help(capsys, service_config):
         assert config.flag_name(field.name) in out and config.env_name(field.name) in out
 
 
-@pytest.mark.parametrize("module", ["bench.run", "bench.pipeline", "bench.load", "bench.advise"])
+@pytest.mark.parametrize("module", ["bench.studies.speedup", "bench.studies.pipeline", "bench.studies.load", "bench.replay.advise"])
 def test_a_bench_tool_refuses_a_wrong_model_directory_in_one_line(module, tmp_path, capsys):
     import importlib
 
     main = importlib.import_module(module).main
-    flag = "--target" if module == "bench.advise" else "--model"
+    flag = "--target" if module == "bench.replay.advise" else "--model"
     for path, says in [(tmp_path / "missing", "is not a directory"), (tmp_path, "has no config.json")]:
-        argv = [flag, str(path)] + (["--prompts", "p.jsonl"] if module == "bench.advise" else [])
+        argv = [flag, str(path)] + (["--prompts", "p.jsonl"] if module == "bench.replay.advise" else [])
         with pytest.raises(SystemExit) as exit_info:
             main(argv)
         assert exit_info.value.code == 2

@@ -65,3 +65,27 @@ def test_a_missing_directory_is_one_actionable_error(tmp_path):
     assert not models.loads_directly(str(tmp_path / "missing"))
     with pytest.raises(models.ModelLoadError, match="make model"):
         models.load_tokenizer(str(tmp_path / "missing"))
+
+
+def test_the_model_fingerprint_names_the_weights_and_config_not_the_path(tiny_pair, tmp_path):
+    target, draft = tiny_pair  # one tokenizer, other weights
+    fingerprint = models.model_fingerprint(str(target))
+    assert len(fingerprint) == 16
+    assert models.model_fingerprint(str(draft)) != fingerprint
+    copy = shutil.copytree(target, tmp_path / "elsewhere")  # the same model at another path: the same identity
+    config = json.loads((copy / "config.json").read_text())
+    config["_name_or_path"], config["transformers_version"] = "/somewhere/else", "0.0.0"
+    (copy / "config.json").write_text(json.dumps(config))
+    assert models.model_fingerprint(str(copy)) == fingerprint
+    config["num_hidden_layers"] += 1  # another architecture over the same files is another model
+    (copy / "config.json").write_text(json.dumps(config))
+    assert models.model_fingerprint(str(copy)) != fingerprint
+    assert models.model_fingerprint(str(tmp_path / "missing")) == ""
+
+
+def test_a_model_mismatch_names_both_models_and_fingerprints():
+    pinned = models.common_pb2.ModelInfo(model="/models/a", model_fingerprint="aaaa")
+    assert models.model_mismatch(pinned, pinned) is None
+    assert models.model_mismatch(models.common_pb2.ModelInfo(model="/models/a"), pinned) is None  # nothing pinned
+    problem = models.model_mismatch(pinned, models.common_pb2.ModelInfo(model="/models/b", model_fingerprint="bbbb"))
+    assert all(part in problem for part in ("/models/a", "aaaa", "/models/b", "bbbb"))

@@ -94,7 +94,7 @@ def test_a_smaller_k_cuts_the_ahead_block():
 
 @pytest.mark.parametrize("fault", ["wrong_tag", "flood"])
 def test_mis_tagged_and_flooded_ahead_blocks_are_dropped_and_counted(fault):
-    (seen, tokens), counts = scenario(lambda s: run_rounds(s, 6, 4), inject_ahead_fault=fault)
+    (seen, tokens), counts = scenario(lambda s: run_rounds(s, 6, 4), inject_ahead_fault=fault, enable_fault_injection=True)
     assert tokens == [truth(i) for i in range(len(tokens))]
     if fault == "wrong_tag":
         assert not any(ahead for ahead, _, _ in seen) and counts.discarded == 5 and counts.used == 0
@@ -104,7 +104,7 @@ def test_mis_tagged_and_flooded_ahead_blocks_are_dropped_and_counted(fault):
 
 
 def test_wrong_ahead_tokens_are_verified_and_rejected_never_trusted():
-    (seen, tokens), counts = scenario(lambda s: run_rounds(s, 6, 4), inject_ahead_fault="wrong_tokens")
+    (seen, tokens), counts = scenario(lambda s: run_rounds(s, 6, 4), inject_ahead_fault="wrong_tokens", enable_fault_injection=True)
     assert tokens == [truth(i) for i in range(len(tokens))]
     assert all(accepted == 0 for ahead, _, accepted in seen if ahead)
 

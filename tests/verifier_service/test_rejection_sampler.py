@@ -5,8 +5,8 @@ import dataclasses
 import pytest
 import torch
 
-from specdec.sampling import SamplingParams, make_generator, probs_from_logits, sample
-from verifier_service.rejection_sampler import Verdict, greedy_verify, rejection_sample
+from specdec.sampling import SamplingParams, keyed_sample, make_generator, probs_from_logits, sample
+from verifier_service.rejection_sampler import Verdict, drafter_invariant_sample, greedy_verify, rejection_sample
 
 # ---- greedy: token lists --------------------------------------------------------------
 
@@ -122,6 +122,76 @@ def test_speculative_sampling_matches_the_target_distribution(name):
 def test_a_sampler_that_skips_the_residual_fails_the_same_test(name):
     p, q = shaped(SETTINGS[name], seed=7)
     counts = first_token_histogram(wrong_rejection_sample, p, q, SETTINGS[name])
+    assert chi_square_p_value(counts, p[0]) < 1e-6
+
+
+# ---- the coupled rule (drafter-invariant): keyed draws, accept iff equal -------------------
+
+
+def keyed_row_samples(target, seed, first_position):
+    """The target's keyed sample at each row: [k + 1] token ids."""
+    return [keyed_sample(row, seed, first_position + i) for i, row in enumerate(target)]
+
+
+def test_coupled_rule_accepts_exactly_when_the_draft_equals_the_keyed_sample():
+    torch.manual_seed(0)
+    target = torch.randn(5, VOCAB).softmax(-1)  # [k + 1, V], k = 4
+    for seed in range(50):
+        wanted = keyed_row_samples(target, seed, first_position=17)
+        # a perfect draft: everything accepted, and the bonus is the keyed sample after it
+        assert drafter_invariant_sample(wanted[:4], target, seed, 17) == Verdict(4, wanted[4])
+        # any draft: the accepted prefix is where it equals the keyed samples; the next token is the keyed sample
+        draft = torch.randint(0, VOCAB, (4,)).tolist()
+        verdict = drafter_invariant_sample(draft, target, seed, 17)
+        first_miss = next((i for i in range(4) if draft[i] != wanted[i]), 4)
+        assert verdict == Verdict(first_miss, wanted[first_miss])
+        assert verdict.emitted(draft) == wanted[:first_miss + 1]  # the same tokens, whatever was drafted
+        # an empty block (speculation off) emits the keyed sample too
+        assert drafter_invariant_sample([], target[:1], seed, 17) == Verdict(0, wanted[0])
+
+
+def test_keyed_draws_depend_on_seed_and_position_only():
+    p = torch.full((VOCAB,), 1 / VOCAB)
+    assert [keyed_sample(p, 5, n) for n in range(40)] == [keyed_sample(p, 5, n) for n in range(40)]
+    assert len({keyed_sample(p, 5, n) for n in range(40)}) > 1  # positions draw apart
+    assert len({keyed_sample(p, seed, 3) for seed in range(40)}) > 1  # and seeds
+    assert keyed_sample(p, 2**64 - 1, 2**40) in range(VOCAB)  # the extreme seed and a far position are valid
+
+
+def adversarial_draft(seed, p, q):
+    """A draft that tries to bias the output: it sees the noise (it samples q with the same keyed noise) or
+    proposes the token the target likes least, by the seed's parity."""
+    if seed % 2:
+        return [keyed_sample(q[0], seed, 0)]
+    return [int(torch.where(p[0] > 0, p[0], torch.inf).argmin())]
+
+
+def coupled_first_token_histogram(sampler, p, q, samples=SAMPLES):
+    counts = torch.zeros(VOCAB)
+    for seed in range(samples):
+        drafted = adversarial_draft(seed, p, q)
+        counts[sampler(drafted, p, seed, 0).emitted(drafted)[0]] += 1
+    return counts
+
+
+def accept_what_the_target_allows(draft_token_ids, target_probs, seed, first_position):
+    """A deliberately wrong coupled rule: it keeps any draft token the target gives p > 0."""
+    if draft_token_ids and target_probs[0, draft_token_ids[0]] > 0:
+        return Verdict(1, keyed_sample(target_probs[1], seed, first_position + 1))
+    return drafter_invariant_sample(draft_token_ids, target_probs, seed, first_position)
+
+
+@pytest.mark.parametrize("name", SETTINGS)
+def test_coupled_sampling_matches_the_target_distribution(name):
+    """Over seeds at a fixed position, the coupled rule's token follows p, whatever an adversarial draft does."""
+    p, q = shaped(SETTINGS[name], seed=7)
+    counts = coupled_first_token_histogram(drafter_invariant_sample, p, q)
+    assert chi_square_p_value(counts, p[0]) > 1e-3
+
+
+def test_a_coupled_rule_that_keeps_likely_enough_drafts_fails_the_same_test():
+    p, q = shaped(SETTINGS["T=1.0"], seed=7)
+    counts = coupled_first_token_histogram(accept_what_the_target_allows, p, q)
     assert chi_square_p_value(counts, p[0]) < 1e-6
 
 

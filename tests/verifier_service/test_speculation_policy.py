@@ -144,7 +144,7 @@ AVX2 = {0: 1.0, 1: 1.82, 2: 2.28, 3: 2.10, 4: 1.87, 5: 1.66, 6: 1.88, 7: 1.75, 8
 def test_a_block_too_short_for_its_acceptance_is_not_verified():
     """Where verifying one token costs 1.82 plain steps, a 1-token block pays only if accepted over 82% of the time.
     Replayed, a suffix draft's 1-token blocks were accepted 0.19-0.63 of the time and its blocks of 4 and more
-    0.67-1.0 (`bench.policy_sim lengths`): each block is judged by blocks whose match was as long (`RoundCost.by_length`), and
+    0.67-1.0 (`python -m bench policy-sim lengths`): each block is judged by blocks whose match was as long (`RoundCost.by_length`), and
     a weak one decodes a plain step instead; a long one on the same server is verified whole."""
     policy = chaining_policy(AVX2, alpha=0.7, alpha_chained=0.5)
     policy.cost.by_length[True] = {1: seen(0.2, 200), 6: seen(0.95, 200)}
@@ -230,7 +230,7 @@ def test_a_longer_block_measured_cheaper_than_a_shorter_one_keeps_its_own_time()
 
 def test_the_next_block_size_past_the_measured_ones_is_tried_before_a_line_rules_it_out():
     """With blocks of 1 measured (1.09 steps) and one early block of 4 (1.74), a line put k = 2 at 1.3 steps, so
-    the policy never tried it; on this CPU it costs 1.13 (`bench.policy_sim`: long_prompt and copy-heavy n-gram
+    the policy never tried it; on this CPU it costs 1.13 (`python -m bench policy-sim`: long_prompt and copy-heavy n-gram
     stuck at k = 1, 0.94-0.96x the best fixed k). The size past the measured ones is predicted at the largest
     measured size's cost until it is timed; once timed, its own average stands."""
     cost = RoundCost()
@@ -335,7 +335,7 @@ def test_a_retry_drafts_the_cheapest_block_and_pays_if_it_beat_plain_steps():
 def test_a_retry_that_comes_back_empty_is_over():
     """A retry whose ask came back empty (no n-gram match) used to ask again every round until a block came: a
     round trip a round on text the draft never matches (chat + n-gram 20 ms away: 0.929x of off in
-    `bench.policy_sim --rho 0.15`, 0.976x with the change). Now the request's evidence decides, as after any
+    `python -m bench policy-sim --rho 0.15`, 0.976x with the change). Now the request's evidence decides, as after any
     retry that did not pay: here, off for a doubled cool-down."""
     policy = SpeculationPolicy(default_k=4, max_k=16, cost=cost_of(0.07, 0.025, acceptance=0.2))
     assert policy.block_size(1000, 1000) == 0
