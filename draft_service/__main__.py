@@ -10,9 +10,10 @@ from draft_service.model_draft import ModelProposer
 from draft_service.ngram import NgramProposer
 from draft_service.server import DraftServicer
 from draft_service.suffix import SuffixConfig, SuffixProposer
-from specdec import config as specdec_config
-from specdec import grpc_server, models
-from specdec.service_main import exit_process, run_main, serve_until_signal
+from specdec.runtime import config as specdec_config
+from specdec.runtime import grpc_server
+from specdec.modeling import models
+from specdec.runtime.service_main import exit_process, run_main, serve_until_signal
 from specdec.v1 import draft_pb2, draft_pb2_grpc
 
 log = logging.getLogger("draft_service")

@@ -17,7 +17,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 
-from specdec import metrics
+from specdec.runtime import metrics
 from specdec.v1 import draft_pb2
 
 MIN_HIT_RATE = 0.25  # below this, over the last WINDOW ahead blocks, drafting ahead pauses...

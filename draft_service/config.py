@@ -6,7 +6,7 @@ import dataclasses
 
 from draft_service.faults import FaultInjection
 from draft_service.suffix import SuffixConfig
-from specdec.config import InternalServiceConfig, ModelConfig, option
+from specdec.runtime.config import InternalServiceConfig, ModelConfig, option
 
 
 @dataclasses.dataclass(frozen=True)

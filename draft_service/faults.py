@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from specdec.config import option
+from specdec.runtime.config import option
 from specdec.v1 import draft_pb2
 
 

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import torch
 
-from specdec.draft_block import DraftBlock
+from specdec.decoding.draft_block import DraftBlock
 from draft_service.proposer import DraftSequence, Proposer
-from specdec.sampling import SamplingParams, keyed_sample, make_generator, probs_from_logits, sample
-from specdec.kv_cache import new_cache, rollback_cache
+from specdec.decoding.sampling import SamplingParams, keyed_sample, make_generator, probs_from_logits, sample
+from specdec.modeling.kv_cache import new_cache, rollback_cache
 
 
 class ModelSequence(DraftSequence):

@@ -8,9 +8,9 @@ the context; rollback undoes index writes from a log.
 
 from __future__ import annotations
 
-from specdec.draft_block import DraftBlock
+from specdec.decoding.draft_block import DraftBlock
 from draft_service.proposer import DraftSequence, Proposer
-from specdec.sampling import SamplingParams
+from specdec.decoding.sampling import SamplingParams
 
 
 class NgramSequence(DraftSequence):

@@ -12,8 +12,8 @@ from __future__ import annotations
 import abc
 
 
-from specdec.draft_block import DraftBlock
-from specdec.sampling import SamplingParams
+from specdec.decoding.draft_block import DraftBlock
+from specdec.decoding.sampling import SamplingParams
 
 
 class ProposerError(ValueError):

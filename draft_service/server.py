@@ -23,9 +23,10 @@ from draft_service.ahead import Block, DraftAhead
 from draft_service.config import DraftConfig
 from draft_service.faults import inject_ahead_fault
 from draft_service.proposer import DraftSequence, Proposer, ProposerError
-from specdec.draft_block import DraftBlock
-from specdec import limits, metrics
-from specdec.sampling import from_proto
+from specdec.decoding.draft_block import DraftBlock
+from specdec.runtime import limits
+from specdec.runtime import metrics
+from specdec.decoding.sampling import from_proto
 from specdec.v1 import common_pb2, draft_pb2, draft_pb2_grpc
 
 log = logging.getLogger(__name__)

@@ -44,10 +44,10 @@ import dataclasses
 
 from draft_service.proposer import DraftSequence, Proposer, ProposerError
 from draft_service.suffix_cache import DEFAULT_MAX_SCOPES, Draft, Insertion, SuffixCache, SuffixTree
-from specdec import metrics
-from specdec.config import option
-from specdec.draft_block import DraftBlock
-from specdec.sampling import SamplingParams
+from specdec.runtime import metrics
+from specdec.runtime.config import option
+from specdec.decoding.draft_block import DraftBlock
+from specdec.decoding.sampling import SamplingParams
 
 SCOPES = ("global", "tenant")
 # A chained part must rest on a match of at least this many tokens: chaining on one-token matches drafts tokens that

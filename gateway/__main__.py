@@ -17,10 +17,11 @@ from gateway.openai_api import ServedModel, create_app
 from gateway.server import GatewayServicer
 from gateway.validation import ModelLimits
 from gateway.verifier_watch import GATEWAY_ADVICE, VerifierWatch
-from specdec import config as specdec_config
-from specdec import grpc_server, models
-from specdec.interceptors import RequestSizeLimit
-from specdec.service_main import exit_process, run_main, serve_until_signal
+from specdec.runtime import config as specdec_config
+from specdec.runtime import grpc_server
+from specdec.modeling import models
+from specdec.runtime.interceptors import RequestSizeLimit
+from specdec.runtime.service_main import exit_process, run_main, serve_until_signal
 from specdec.v1 import draft_pb2, draft_pb2_grpc, gateway_pb2, gateway_pb2_grpc, verifier_pb2, verifier_pb2_grpc
 
 log = logging.getLogger("gateway")

@@ -11,8 +11,8 @@ import hmac
 
 import grpc
 
-from specdec.grpc_server import ConfigError
-from specdec.interceptors import refusing
+from specdec.runtime.grpc_server import ConfigError
+from specdec.runtime.interceptors import refusing
 
 OPEN_PREFIXES = ("/grpc.health.v1.", "/grpc.reflection.")
 REFUSED = "missing or wrong API key: send `authorization: Bearer <key>`"

@@ -18,7 +18,7 @@ import sys
 
 import grpc
 
-from specdec.chat_format import chatml
+from specdec.decoding.chat_format import chatml
 from specdec.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 
 EXIT_RPC_ERROR = 1

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from specdec.config import option
+from specdec.runtime.config import option
 
 
 @dataclasses.dataclass(frozen=True)

@@ -25,7 +25,7 @@ from gateway.config import GatewayConfig
 from gateway.prompt_tokens import Offload, PromptTooLong, bounded_ids
 from gateway.streaming import TextAssembler
 from gateway.validation import InvalidRequest, ModelLimits, check_generate_request
-from specdec import metrics
+from specdec.runtime import metrics
 from specdec.v1 import common_pb2, gateway_pb2, verifier_pb2, verifier_pb2_grpc
 
 log = logging.getLogger(__name__)

@@ -1,6 +1,6 @@
 """Serve an ASGI app with uvicorn in the running event loop, beside the gRPC server, with its TLS flags.
 
-The process keeps its own signal handling (specdec.service_main): uvicorn's is
+The process keeps its own signal handling (specdec.runtime.service_main): uvicorn's is
 turned off and the server is stopped through `RunningHttp.stop`, which lets
 in-flight responses finish for up to the grace period.
 """
@@ -19,8 +19,8 @@ import h11
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from specdec.config import ServerConfig
-from specdec.grpc_server import ConfigError
+from specdec.runtime.config import ServerConfig
+from specdec.runtime.grpc_server import ConfigError
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ do not start a stop string (which is cut from the output).
 
 from __future__ import annotations
 
-from specdec.detokenizer import IncrementalDetokenizer, find_stop
+from specdec.decoding.detokenizer import IncrementalDetokenizer, find_stop
 
 
 class TextAssembler:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from specdec import limits, sampling
+from specdec.runtime import limits
+from specdec.decoding import sampling
 from specdec.v1 import gateway_pb2, verifier_pb2
 
 

@@ -22,7 +22,7 @@ import typing
 
 import grpc
 
-from specdec import models
+from specdec.modeling import models
 from specdec.v1 import common_pb2, verifier_pb2, verifier_pb2_grpc
 
 log = logging.getLogger(__name__)

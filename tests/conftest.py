@@ -2,7 +2,7 @@
 
 import pytest
 
-from specdec.testing import build_tiny_pair
+from devkit.testing import build_tiny_pair
 
 
 @pytest.fixture(scope="session")
@@ -15,10 +15,10 @@ def tiny_pair(tmp_path_factory):
 # workers, each taking whole files in collection order (`-n 2 --dist loadfile --no-loadscope-reorder`),
 # so a slow file collected last would run alone at the end while the other worker idles.
 SLOWEST_FIRST = (
-    "tests/verifier_service/test_vllm_engine.py",  # 207 s
-    "tests/verifier_service/test_vllm_tensor_parallel.py",  # 127 s
+    "tests/verifier_service/engines/test_vllm_engine.py",  # 207 s
+    "tests/verifier_service/engines/test_vllm_tensor_parallel.py",  # 127 s
     "tests/e2e/test_lossless_greedy.py",  # 155 s
-    "tests/verifier_service/test_rejection_sampler.py",  # 107 s
+    "tests/verifier_service/speculation/test_rejection_sampler.py",  # 107 s
     "tests/reliability/test_verifier_swap.py",  # 77 s
     "tests/bench/test_studies.py",  # 73 s
 )

@@ -12,7 +12,7 @@ import tempfile
 
 import pytest
 
-from specdec.fetch_model import default_model_dir
+from specdec.modeling.fetch_model import default_model_dir
 
 SMOLLM2_DIR = default_model_dir()
 SMOLLM2_MISSING = f"SmolLM2 tokenizer not found at {SMOLLM2_DIR} (run `make model`)"
@@ -31,12 +31,12 @@ MIXED_TEXT = 'Ünïcödé: naïve café, 東京 and 北京, emoji 🙂🎉 then 
 def load(name: str):
     """The tokenizer called `name`, built or loaded once per test process."""
     if name == "tiny":
-        from specdec.testing import build_tokenizer
+        from devkit.testing import build_tokenizer
 
         with tempfile.TemporaryDirectory() as out:
             return build_tokenizer(pathlib.Path(out))
     if name == "smollm2":
-        from specdec.models import load_tokenizer
+        from specdec.modeling.models import load_tokenizer
 
         return load_tokenizer(str(SMOLLM2_DIR))
     raise ValueError(f"unknown test tokenizer {name!r}; use 'tiny' or 'smollm2'")
@@ -47,7 +47,7 @@ def encode(tokenizer, text: str) -> list[int]:
 
 
 def decode(tokenizer, ids: list[int]) -> str:
-    """Decode as the services do (specdec.detokenizer)."""
+    """Decode as the services do (specdec.decoding.detokenizer)."""
     return tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
 
 

@@ -202,7 +202,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     with contextlib.ExitStack() as stack:
         if args.model:
-            from specdec.stack import running_stack
+            from devkit.stack import running_stack
 
             services = stack.enter_context(running_stack(args.model, method="ngram",
                                                          verifier_args=["--dtype", "float32"]))

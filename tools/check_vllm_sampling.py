@@ -3,7 +3,7 @@
 Runs in the vLLM environment: .venv-vllm/bin/python tools/check_vllm_sampling.py [--fixed]
 A tiny seeded model and a prompt of distinct tokens, so that the n-gram proposer always drafts
 t1 + 1 after the first sampled token t1. The second token's distribution must equal the target's
-p(. | prompt, t1): a chi-square test over 3,000 samples. With --fixed, verifier_service.vllm_sampling's
+p(. | prompt, t1): a chi-square test over 3,000 samples. With --fixed, verifier_service.engines.vllm_sampling's
 fix is installed first (the engine runs in this process so that the fix applies).
 """
 
@@ -18,7 +18,7 @@ import tempfile
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--fixed", action="store_true", help="install verifier_service.vllm_sampling first")
+    parser.add_argument("--fixed", action="store_true", help="install verifier_service.engines.vllm_sampling first")
     parser.add_argument("--samples", type=int, default=3000)
     args = parser.parse_args()
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -26,8 +26,8 @@ def main() -> int:
     import torch
     from vllm import LLM, SamplingParams
 
-    from specdec.testing import VLLM_TINY_SHAPE, build_tiny_pair, pooled_chi_square_p_value
-    from verifier_service import vllm_sampling
+    from devkit.testing import VLLM_TINY_SHAPE, build_tiny_pair, pooled_chi_square_p_value
+    from verifier_service.engines import vllm_sampling
 
     if args.fixed:
         vllm_sampling.install()

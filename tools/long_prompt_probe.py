@@ -143,7 +143,7 @@ def main() -> int:
         if args.gateway:
             address, verifier_log = args.gateway, None
         else:
-            from specdec.stack import running_stack
+            from devkit.stack import running_stack
 
             log_dir = pathlib.Path(args.log_dir or stack.enter_context(tempfile.TemporaryDirectory()))
             verifier_args = [*(["--sequence-ttl-s", f"{args.sequence_ttl_s:g}"] if args.sequence_ttl_s else []),

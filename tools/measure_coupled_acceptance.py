@@ -33,9 +33,9 @@ import tempfile
 
 import torch
 
-from specdec.chat_format import chatml
-from specdec.models import load_causal_lm, load_tokenizer
-from specdec.sampling import SamplingParams, keyed_sample, probs_from_logits
+from specdec.decoding.chat_format import chatml
+from specdec.modeling.models import load_causal_lm, load_tokenizer
+from specdec.decoding.sampling import SamplingParams, keyed_sample, probs_from_logits
 
 PROMPTS = [
     "Explain what a KV cache is in two sentences.",
@@ -98,7 +98,7 @@ def through_stack(model: str, draft, draft_dir: pathlib.Path, params: SamplingPa
     """Acceptance of seeded (coupled) and unseeded (rejection) requests through the real services."""
     import grpc
 
-    from specdec.stack import running_stack
+    from devkit.stack import running_stack
     from specdec.v1 import gateway_pb2, gateway_pb2_grpc
 
     draft.save_pretrained(draft_dir)

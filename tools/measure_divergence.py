@@ -20,11 +20,11 @@ import torch
 from tqdm import tqdm
 
 from draft_service.ngram import NgramProposer
-from specdec.chat_format import chatml
-from specdec.draft_block import DraftBlock
-from specdec.models import load_causal_lm, load_tokenizer
-from specdec.sampling import SamplingParams, make_generator
-from verifier_service.engine import TransformersEngine, verify_block
+from specdec.decoding.chat_format import chatml
+from specdec.decoding.draft_block import DraftBlock
+from specdec.modeling.models import load_causal_lm, load_tokenizer
+from specdec.decoding.sampling import SamplingParams, make_generator
+from verifier_service.engines.transformers_engine import TransformersEngine, verify_block
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 

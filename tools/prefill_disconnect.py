@@ -17,7 +17,7 @@ import tempfile
 import time
 import urllib.request
 
-from specdec.stack import running_stack, scrape_metrics
+from devkit.stack import running_stack, scrape_metrics
 
 WORDS = "the quick brown fox jumps over the lazy dog while speculative decoding drafts and verifies tokens".split()
 

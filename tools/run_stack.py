@@ -15,8 +15,8 @@ import time
 
 import grpc
 
-from specdec.chat_format import chatml
-from specdec.stack import running_stack
+from specdec.decoding.chat_format import chatml
+from devkit.stack import running_stack
 from specdec.v1 import gateway_pb2, gateway_pb2_grpc
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent

@@ -17,8 +17,8 @@ import tempfile
 
 import grpc
 
-from specdec.chat_format import chatml
-from specdec.stack import running_stack
+from specdec.decoding.chat_format import chatml
+from devkit.stack import running_stack
 from specdec.v1 import gateway_pb2, gateway_pb2_grpc
 
 PROMPTS = [

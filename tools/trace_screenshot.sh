@@ -21,7 +21,7 @@ export OTEL_EXPORTER_OTLP_INSECURE=true
 export OTEL_RESOURCE_ATTRIBUTES=${OTEL_RESOURCE_ATTRIBUTES:-openinference.project.name=specdec}
 "$PY" - "$MODEL" <<'EOF'
 import subprocess, sys
-from specdec.stack import running_stack
+from devkit.stack import running_stack
 
 with running_stack(sys.argv[1], method="ngram", verifier_args=["--dtype", "bfloat16"]) as services:
     subprocess.run([sys.executable, "-m", "gateway.cli", "--addr", services["gateway"].address, "--chat",

@@ -2,9 +2,9 @@
 
     python -m tools.verifier_swap_probe [--model-a DIR --model-b DIR]
 
-Without models it builds the tiny seeded pair (specdec/testing.py: one tokenizer, other weights). It starts a
+Without models it builds the tiny seeded pair (devkit/testing.py: one tokenizer, other weights). It starts a
 verifier on A and a gateway, replaces the verifier by one on B on the same port, waits for the gateway's watch
-(--peer-check-s 0.5), and prints what `python -m specdec.health_probe` and HTTP /health say, then puts A back.
+(--peer-check-s 0.5), and prints what `python -m specdec.runtime.health_probe` and HTTP /health say, then puts A back.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import time
 import urllib.error
 import urllib.request
 
-from specdec.stack import Service, stop_all, wait_serving
+from devkit.stack import Service, stop_all, wait_serving
 
 ENV = {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
 
@@ -32,14 +32,14 @@ def verifier(model: str, port: int, log_dir: pathlib.Path) -> Service:
 
 def health(gateway: Service) -> str:
     """Both front doors, as a probe sees them."""
-    probe = subprocess.run([sys.executable, "-m", "specdec.health_probe", "--addr", gateway.address],
+    probe = subprocess.run([sys.executable, "-m", "specdec.runtime.health_probe", "--addr", gateway.address],
                            capture_output=True, text=True, timeout=30)
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{gateway.http_port}/health", timeout=10) as reply:
             http = f"{reply.status} {reply.read().decode()}"
     except urllib.error.HTTPError as exc:
         http = f"{exc.code} {exc.read().decode()}"
-    return f"$ python -m specdec.health_probe --addr {gateway.address}  (exit {probe.returncode})\n" \
+    return f"$ python -m specdec.runtime.health_probe --addr {gateway.address}  (exit {probe.returncode})\n" \
            f"{(probe.stdout + probe.stderr).strip()}\n$ curl http://127.0.0.1:{gateway.http_port}/health\n{http}"
 
 
@@ -51,7 +51,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         log_dir = pathlib.Path(tmp)
         if not (args.model_a and args.model_b):
-            from specdec.testing import build_tiny_pair
+            from devkit.testing import build_tiny_pair
 
             args.model_a, args.model_b = map(str, build_tiny_pair(log_dir))
         services = [verifier(args.model_a, 0, log_dir)]

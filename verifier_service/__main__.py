@@ -5,16 +5,18 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from specdec import config as specdec_config
-from specdec import grpc_server, limits, models
-from specdec.interceptors import RequestSizeLimit
-from specdec.prepacked_linear import prepack_linears
-from specdec.service_main import exit_process, run_main, serve_until_signal
+from specdec.runtime import config as specdec_config
+from specdec.runtime import grpc_server
+from specdec.runtime import limits
+from specdec.modeling import models
+from specdec.runtime.interceptors import RequestSizeLimit
+from specdec.modeling.prepacked_linear import prepack_linears
+from specdec.runtime.service_main import exit_process, run_main, serve_until_signal
 from specdec.v1 import verifier_pb2, verifier_pb2_grpc
 from verifier_service.config import VerifierConfig
-from verifier_service.decode_loop import Engine
-from verifier_service.draft_client import DraftIncompatible, DraftLink, DraftUnavailable
-from verifier_service.engine import TransformersEngine
+from verifier_service.engines.decode_loop import Engine
+from verifier_service.draft.client import DraftIncompatible, DraftLink, DraftUnavailable
+from verifier_service.engines.transformers_engine import TransformersEngine
 from verifier_service.server import VerifierServicer
 
 log = logging.getLogger("verifier_service")
@@ -25,7 +27,7 @@ DEFAULTS = {"host": "127.0.0.1", "port": 50052, "metrics_port": 9102}
 def build_engine(cfg: VerifierConfig, info) -> tuple[Engine, int]:
     """(engine, its parameter count; 0 where the engine keeps the weights to itself)."""
     if cfg.engine == "vllm":
-        from verifier_service.vllm_engine import VllmEngine
+        from verifier_service.engines.vllm_engine import VllmEngine
 
         log.info("starting the vLLM engine on %s (%s)", cfg.model, cfg.dtype)
         return VllmEngine(cfg, bool(cfg.draft), list(info.eos_token_ids), asyncio.get_running_loop()), 0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from specdec.config import InternalServiceConfig, ModelConfig, option
+from specdec.runtime.config import InternalServiceConfig, ModelConfig, option
 
 
 @dataclasses.dataclass(frozen=True)

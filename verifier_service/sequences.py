@@ -20,7 +20,7 @@ import logging
 import time
 import typing
 
-from specdec import metrics
+from specdec.runtime import metrics
 
 log = logging.getLogger(__name__)
 

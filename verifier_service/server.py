@@ -8,15 +8,15 @@ import logging
 import grpc
 from opentelemetry import trace
 
-from specdec import metrics
-from specdec.sampling import SamplingParams
+from specdec.runtime import metrics
+from specdec.decoding.sampling import SamplingParams
 from specdec.v1 import common_pb2, verifier_pb2, verifier_pb2_grpc
 from verifier_service.config import VerifierConfig
-from verifier_service.decode_loop import DecodeSpec, Engine, decode
-from verifier_service.draft_client import DraftLink
+from verifier_service.engines.decode_loop import DecodeSpec, Engine, decode
+from verifier_service.draft.client import DraftLink
 from verifier_service.sequences import CapacityExceeded, SequenceRegistry
-from verifier_service.speculation import RequestSpeculation
-from verifier_service.speculation_policy import RoundCost, SpeculationPolicy
+from verifier_service.speculation.request import RequestSpeculation
+from verifier_service.speculation.policy import RoundCost, SpeculationPolicy
 from verifier_service.stopping import LENGTH, STOP, StopChecker
 from verifier_service.validation import InvalidRequest, check_decode_request
 

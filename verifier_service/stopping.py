@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from specdec.detokenizer import IncrementalDetokenizer, find_stop
+from specdec.decoding.detokenizer import IncrementalDetokenizer, find_stop
 
 STOP = "stop"
 LENGTH = "length"

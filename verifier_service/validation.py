@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from specdec import limits
-from specdec.sampling import from_proto
+from specdec.runtime import limits
+from specdec.decoding.sampling import from_proto
 from specdec.v1 import verifier_pb2
-from verifier_service.decode_loop import DecodeSpec
+from verifier_service.engines.decode_loop import DecodeSpec
 
 
 class InvalidRequest(ValueError):

@@ -12,7 +12,7 @@ import time
 
 from bench.core import prom
 from bench.core.workloads import Prompt
-from specdec.config import ModelConfig, choices, model_dir
+from specdec.runtime.config import ModelConfig, choices, model_dir
 from verifier_service.config import VerifierConfig
 
 
@@ -152,7 +152,7 @@ class HFModel:
     def __init__(self, model_dir: str, dtype: str = "bfloat16", threads: int = 0):
         import torch
 
-        from specdec.models import load_causal_lm, load_tokenizer
+        from specdec.modeling.models import load_causal_lm, load_tokenizer
 
         if threads:
             torch.set_num_threads(threads)
@@ -206,7 +206,7 @@ def draft_step_seconds(model_dir: str, dtype: str, threads: int, context: int = 
 
     import torch
 
-    from specdec.models import load_causal_lm
+    from specdec.modeling.models import load_causal_lm
 
     if threads:
         torch.set_num_threads(threads)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from specdec.stack import parse_metrics, scrape_metrics
+from devkit.stack import parse_metrics, scrape_metrics
 
 
 def by_name(samples: dict[tuple[str, tuple], float]) -> dict[str, float]:

@@ -199,7 +199,7 @@ def markdown(result: dict) -> str:
         "`off` (same stack, k = 0). anchor = HF transformers prompt lookup over HF plain greedy, in-process. "
         "Overhead = per-round time outside the target forward pass and the draft model; verify cost = forward "
         "time per round over `off`'s 1-token step, inside the stack; predicted = the speedup model "
-        "(specdec/speedup.py) with the measured acceptance, block length, verify-cost curve and prefill share, "
+        "(specdec/decoding/speedup.py) with the measured acceptance, block length, verify-cost curve and prefill share, "
         "no transport; efficiency = measured / predicted; w/ overhead = the same model with the measured "
         "overheads (docs/benchmark.md).",
         "",

@@ -1,6 +1,6 @@
 """The benchmark's side of the speedup model: acceptance rate <-> alpha, break-even, and the ceiling.
 
-The model itself (E, v(n) = t(n)/t(1), S) is `specdec.speedup`, shared with the advisor and the
+The model itself (E, v(n) = t(n)/t(1), S) is `specdec.decoding.speedup`, shared with the advisor and the
 verifier. Measured acceptance *rate* (accepted / drafted, vLLM's convention) is a different
 number from the per-token alpha; `rate_from_alpha` and `alpha_from_rate` convert between them
 under the model's i.i.d. assumption. Whatever alpha is, tokens per drafted round are exactly
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 
-from specdec.speedup import (  # noqa: F401 (API)
+from specdec.decoding.speedup import (  # noqa: F401 (API)
     VerifyCurve,
     best_k,
     expected_tokens,

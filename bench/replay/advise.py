@@ -8,7 +8,7 @@ both models and their KV caches take; then, in-process, on your prompts in their
     it would run: its proposals replayed over the target's continuation at each k (greedy
     verification accepts exactly the longest matching prefix). n-gram and suffix are the draft
     service's own classes; suffix learns from the earlier prompts' outputs, as the service does;
-  - the predicted speedup of those rounds with the shared speedup model (specdec/speedup.py):
+  - the predicted speedup of those rounds with the shared speedup model (specdec/decoding/speedup.py):
     the measured curve, the draft's cost c, the transport rho of the last benchmark, and the
     prefill share of plain decoding;
   - the measured in-process speedup at each proposer's best k: n-gram and suffix through a real
@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 from bench.core import speedup_model
 from bench.core.paths import RESULTS_DIR
 from bench.core.workloads import Prompt, load_workload
-from specdec.config import model_dir, optional_model_dir
+from specdec.runtime.config import model_dir, optional_model_dir
 
 if TYPE_CHECKING:
     from bench.replay import loop as replay
@@ -79,7 +79,7 @@ def prepack_target(target, disabled: bool) -> str:
     kernels. Measuring the curve prepacked and the loop on torch's own kernels predicted 2.1-2.2x on
     extraction where the loop measured 1.6x (AMD EPYC Zen 4, fp32).
     """
-    from specdec.prepacked_linear import prepack_linears, why_not
+    from specdec.modeling.prepacked_linear import prepack_linears, why_not
 
     reason = "--no-prepack-weights" if disabled else why_not(target)
     if reason:
@@ -92,7 +92,7 @@ def load_prompts(path: str, limit: int, max_tokens: int) -> list[Prompt]:
     if file.suffix == ".jsonl":
         prompts = load_workload(str(file), limit, max_tokens)
     else:
-        from specdec.chat_format import chatml
+        from specdec.decoding.chat_format import chatml
 
         lines = [line.strip() for line in file.read_text().splitlines() if line.strip()]
         prompts = [Prompt("custom", f"line{i}", chatml(line), max_tokens, position=i)
@@ -330,7 +330,7 @@ def main(argv: list[str] | None = None) -> int:
 def load_models(args: argparse.Namespace, names: list[str]) -> Models:
     """Load the target (prepacked as the verifier runs it) and the draft model; drop the draft from `names` when
     its tokenizer differs from the target's."""
-    from specdec.models import describe, load_causal_lm, load_tokenizer, tokenizer_mismatch
+    from specdec.modeling.models import describe, load_causal_lm, load_tokenizer, tokenizer_mismatch
 
     target_tok = load_tokenizer(args.target)
     target = load_causal_lm(args.target, dtype=args.dtype)
@@ -384,7 +384,7 @@ def predict(args: argparse.Namespace, models: Models, names: list[str]):
 
     from bench.replay import loop as replay
     from bench.studies import verify_cost
-    from specdec.prepacked_linear import is_prepacked
+    from specdec.modeling.prepacked_linear import is_prepacked
 
     target, target_tok = models.target, models.target_tok
     prompts = load_prompts(args.prompts, args.max_prompts, args.max_tokens)

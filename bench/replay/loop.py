@@ -22,7 +22,7 @@ import time
 from typing import Callable
 
 from draft_service.proposer import DraftSequence
-from specdec.draft_block import DraftBlock
+from specdec.decoding.draft_block import DraftBlock
 
 OpenSequence = Callable[[list[int]], DraftSequence]  # prompt ids -> the draft's sequence
 
@@ -45,7 +45,7 @@ def ngram_drafts(min_n: int = 1, max_n: int = 4) -> Drafts:
 def suffix_drafts(config=None) -> Drafts:
     """The draft service's suffix proposer, one global cache per pass (the service's default settings)."""
     from draft_service.suffix import SuffixProposer
-    from specdec.sampling import SamplingParams
+    from specdec.decoding.sampling import SamplingParams
 
     def new_pass() -> OpenSequence:
         proposer = SuffixProposer(config)
@@ -168,7 +168,7 @@ def speculative_greedy(model, prompt_ids: list[int], max_new_tokens: int, k: int
     """Greedy decoding in rounds of one forward over [pending, *block] with a KV cache; k = 0: plain decoding."""
     import torch
 
-    from specdec.kv_cache import new_cache, rollback_cache
+    from specdec.modeling.kv_cache import new_cache, rollback_cache
 
     cache = new_cache(model)
     generated: list[int] = []

@@ -8,10 +8,10 @@ python -m bench policy-sim lengths [--continuations DIR]   (a suffix draft's acc
 Greedy verification accepts exactly the longest prefix of a block that matches the target's own
 continuation (`bench.replay.loop`), so with the continuations known, every round a request would run is
 known too, without the target: the block the proposer returns for the k the policy asks, and how
-much of it is accepted. A round's wall time is the speedup model's (specdec/speedup.py): the
+much of it is accepted. A round's wall time is the speedup model's (specdec/decoding/speedup.py): the
 machine's measured verify cost v(k + 1) in target steps, plus the draft's cost and the transport,
 with seeded noise so that the policy's running averages see jitter like a real server's. The
-policy is the verifier's own class (`verifier_service.speculation_policy`), one server-wide
+policy is the verifier's own class (`verifier_service.speculation.policy`), one server-wide
 `RoundCost` per workload and method, requests in the workload's order, as the benchmark plays them.
 
 It answers in seconds what a benchmark run answers in half an hour, and without the run's noise:
@@ -32,8 +32,8 @@ import sys
 from bench.core.paths import RESULTS_DIR
 from bench.core.workloads import DEFAULT_WORKLOADS
 from bench.replay import loop as replay
-from specdec.draft_block import DraftBlock
-from specdec.speedup import VerifyCurve, round_cost
+from specdec.decoding.draft_block import DraftBlock
+from specdec.decoding.speedup import VerifyCurve, round_cost
 
 DEFAULT_FIXED_K = (1, 2, 3, 4, 6, 8)
 RESULTS = RESULTS_DIR
@@ -65,7 +65,7 @@ def simulate(runs: list[tuple[list[int], list[int]]], drafts: replay.Drafts, cur
     token was its first (no wait: neither the draft's time nor the transport is paid again); else, where the policy
     steps while a far draft drafts (`step_while_drafting`, far_draft as --far-draft), a plain step that asks for
     k + 1 tokens; else a round that waits for its block."""
-    from verifier_service.speculation_policy import RoundCost, SpeculationPolicy
+    from verifier_service.speculation.policy import RoundCost, SpeculationPolicy
 
     rng = random.Random(seed)
     cost = RoundCost()
@@ -145,7 +145,7 @@ def generate(model_path: str, out: pathlib.Path, workloads: list[str], max_promp
 
     from bench.core.workloads import load_workload
     from bench.replay.advise import greedy_continuations
-    from specdec.models import load_tokenizer
+    from specdec.modeling.models import load_tokenizer
 
     tokenizer = load_tokenizer(model_path)
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()

@@ -45,7 +45,7 @@ def run_pass(method: StackMethod, prompts, streams: int, max_tokens: int) -> dic
 def main(argv=None) -> int:
     from tqdm import tqdm
 
-    from specdec.stack import running_stack
+    from devkit.stack import running_stack
 
     args = build_parser().parse_args(argv)
     prompts = []

@@ -41,8 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     from tqdm import tqdm
 
-    from specdec.models import load_tokenizer
-    from specdec.stack import running_stack
+    from specdec.modeling.models import load_tokenizer
+    from devkit.stack import running_stack
 
     args = build_parser().parse_args(argv)
     lengths = [int(n) for n in args.lengths.split(",")]

@@ -42,7 +42,7 @@ import tempfile
 from bench.core.methods import add_stack_options, stack_kwargs
 from bench.core.workloads import load_workload
 from bench.studies.load_vllm import COUNTERS, GAUGES
-from specdec.stack import REPO_ROOT
+from devkit.stack import REPO_ROOT
 
 MODES = ("off", "fixed", "adaptive")
 DEFAULT_WORKLOADS = "copy_heavy,structured,chat,creative"
@@ -94,7 +94,7 @@ def bench_argv(args, http_port: int, dataset: pathlib.Path, rate: float, mode: s
 
 def run_sweep(args, modes: list[str], rates: list[float], workdir: pathlib.Path) -> list[dict]:
     """Start the stack, run vLLM's benchmark for every (rate, mode); the points with vLLM's results."""
-    from specdec.stack import running_stack
+    from devkit.stack import running_stack
 
     dataset = workdir / "workloads.json"
     count = write_dataset(dataset, args.workloads.split(","))

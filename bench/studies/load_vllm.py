@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     from vllm.benchmarks.serve import main as bench_serve
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-    from specdec.stack import scrape_metrics
+    from devkit.stack import scrape_metrics
 
     sweep_path, results_path = argv or sys.argv[1:]
     with open(sweep_path) as handle:

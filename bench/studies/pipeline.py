@@ -49,8 +49,8 @@ import grpc
 
 from bench.core.latency_proxy import LatencyProxy
 from bench.core.workloads import load_workload
-from specdec.config import ModelConfig, choices, model_dir, optional_model_dir
-from specdec.stack import Service, scrape_metrics, wait_serving
+from specdec.runtime.config import ModelConfig, choices, model_dir, optional_model_dir
+from devkit.stack import Service, scrape_metrics, wait_serving
 from specdec.v1 import common_pb2, verifier_pb2, verifier_pb2_grpc
 
 # Each verifier is its own process, and two processes running the same forwards can differ by a few percent
@@ -355,7 +355,7 @@ def replot(path: pathlib.Path) -> None:
 
 def main(argv=None) -> int:
     from bench.core.machine import machine_info
-    from specdec.models import load_tokenizer
+    from specdec.modeling.models import load_tokenizer
 
     args = build_parser().parse_args(argv)
     name = args.name or f"{args.method}-c{args.concurrency}" + ("-pinned" if args.pin_cores else "")

@@ -33,8 +33,8 @@ from bench.core.machine import machine_info
 from bench.core.methods import FreshStackMethod, HFMethod, HFModel, StackMethod, draft_step_seconds
 from bench.core.paths import RESULTS_DIR
 from bench.core.workloads import REPETITIVE_WORKLOADS, Prompt, load_workload, parse_workloads
-from specdec.chat_format import chatml
-from specdec.config import model_dir, optional_model_dir
+from specdec.decoding.chat_format import chatml
+from specdec.runtime.config import model_dir, optional_model_dir
 
 log = logging.getLogger("bench")
 DEFAULT_OUT = RESULTS_DIR
@@ -168,7 +168,7 @@ class Plan:
 
 def run(args: argparse.Namespace) -> dict:
     """The study in four phases: the prompts, the in-process curve, the stacks' methods, then every request."""
-    from specdec.models import load_tokenizer
+    from specdec.modeling.models import load_tokenizer
 
     plan = Plan.from_args(args)
     started_run = time.monotonic()
@@ -233,7 +233,7 @@ def run(args: argparse.Namespace) -> dict:
 def start_methods(args: argparse.Namespace, stack: contextlib.ExitStack, plan: Plan, env: dict, log_dir: pathlib.Path,
                   hf: HFModel | None) -> tuple[list, dict[str, float]]:
     """Start every stack the flags ask for (closed with `stack`); the methods to play, and each draft model's c."""
-    from specdec.stack import running_stack
+    from devkit.stack import running_stack
 
     verifier_args = ["--dtype", args.dtype, "--threads", str(args.threads),
                      "--prepack-weights", str(not args.no_prepack_weights).lower()]

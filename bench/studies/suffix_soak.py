@@ -22,7 +22,7 @@ from tqdm import tqdm
 
 from bench.core.machine import python_machine
 from bench.core.paths import RESULTS_DIR
-from specdec.stack import Service, scrape_metrics, wait_serving
+from devkit.stack import Service, scrape_metrics, wait_serving
 from specdec.v1 import common_pb2, draft_pb2, draft_pb2_grpc
 
 RESULTS = RESULTS_DIR

@@ -23,10 +23,10 @@ import time
 
 import torch
 
-from specdec.gqa_attention import use_sdpa_gqa
-from specdec.kv_cache import new_cache, rollback_cache
-from specdec.models import DTYPES, load_causal_lm
-from specdec.prepacked_linear import is_prepacked, prepack_linears, why_not
+from specdec.modeling.gqa_attention import use_sdpa_gqa
+from specdec.modeling.kv_cache import new_cache, rollback_cache
+from specdec.modeling.models import DTYPES, load_causal_lm
+from specdec.modeling.prepacked_linear import is_prepacked, prepack_linears, why_not
 
 # Random-initialised stand-ins for real targets: only the shapes matter for cost.
 CONFIGS = {
@@ -139,7 +139,7 @@ def read_for_run(path: str | pathlib.Path, context: int, prepacked: bool = True)
 
 
 def ratio_curve(record: dict | None) -> dict[int, float] | None:
-    """{n: t(n)/t(1)} of a run's verify-cost record, for specdec.speedup."""
+    """{n: t(n)/t(1)} of a run's verify-cost record, for specdec.decoding.speedup."""
     return {int(n): float(v) for n, v in record["ratio"].items()} if record else None
 
 
@@ -184,7 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
                              "float32 only), torch's own, or both curves in one run")
     parser.add_argument("--attention", default="sdpa_gqa", choices=["sdpa_gqa", "sdpa", "both"],
                         help="attention as the verifier runs it (sdpa_gqa: no copies of grouped keys and values on "
-                             "CPU, specdec/gqa_attention.py), transformers' sdpa, or both curves in one run")
+                             "CPU, specdec/modeling/gqa_attention.py), transformers' sdpa, or both curves in one run")
     parser.add_argument("--out", default="bench/results/verify_cost", help="writes OUT.json and OUT.png")
     return parser
 

@@ -279,7 +279,7 @@ def test_advisor_on_tiny_pair_compares_proposers(tiny_pair, tmp_path, capsys):
 @pytest.mark.slow
 def test_advisor_refuses_a_draft_with_another_tokenizer(tiny_pair, tmp_path, capsys):
     from bench.replay.advise import main
-    from specdec.testing import build_other_tokenizer_model
+    from devkit.testing import build_other_tokenizer_model
 
     other = build_other_tokenizer_model(tmp_path)
     assert main(["--target", str(tiny_pair[0]), "--draft", str(other), "--method", "model", "--prompts",

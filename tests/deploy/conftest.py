@@ -26,7 +26,7 @@ DEPLOY = REPO / "deploy"
 PYTHON = sys.executable
 
 # Entry points the deployment may run, and nothing else.
-KNOWN_MODULES = {"gateway", "verifier_service", "draft_service", "specdec.fetch_model", "specdec.health_probe"}
+KNOWN_MODULES = {"gateway", "verifier_service", "draft_service", "specdec.modeling.fetch_model", "specdec.runtime.health_probe"}
 # Default gRPC / metrics ports (the product's contract).
 GRPC_PORTS = {"gateway": 50051, "verifier_service": 50052, "draft_service": 50053}
 METRICS_PORTS = {"gateway": 9101, "verifier_service": 9102, "draft_service": 9103}
@@ -136,7 +136,7 @@ def check_env_against_help(module: str, env: dict[str, str], where: str) -> list
 def exposure_problems(name: str, env: dict) -> list[str]:
     """An internal service (verifier, draft) in a container listens beyond loopback, which is not its default
     (other containers could not reach it otherwise), and so needs the internal token, never --insecure."""
-    from specdec.loopback import is_loopback_host
+    from specdec.runtime.loopback import is_loopback_host
 
     problems = []
     host = resolve_default(env.get("SPECDEC_HOST"))

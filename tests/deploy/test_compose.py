@@ -136,8 +136,8 @@ def compose_problems(data: dict, expect_gpu: bool) -> list[str]:
         hc = svc.get("healthcheck") or {}
         test = hc.get("test") or []
         test_text = " ".join(test) if isinstance(test, list) else str(test)
-        if python_module_of(test_text) != "specdec.health_probe":
-            problems.append(f"{name}: healthcheck must run `python -m specdec.health_probe`, got {test!r}")
+        if python_module_of(test_text) != "specdec.runtime.health_probe":
+            problems.append(f"{name}: healthcheck must run `python -m specdec.runtime.health_probe`, got {test!r}")
         m = re.search(r"--addr[ =]\S*:(\d+)", test_text)
         if not m or int(m.group(1)) != port:
             problems.append(f"{name}: healthcheck probes {m.group(1) if m else '?'} but the service listens on {port}")
@@ -220,8 +220,8 @@ def compose_problems(data: dict, expect_gpu: bool) -> list[str]:
 
     # model-init: one-shot fetcher writing the shared volume.
     mi = services.get("model-init") or {}
-    if python_module_of(mi.get("command")) != "specdec.fetch_model":
-        problems.append("model-init: must run `python -m specdec.fetch_model`")
+    if python_module_of(mi.get("command")) != "specdec.modeling.fetch_model":
+        problems.append("model-init: must run `python -m specdec.modeling.fetch_model`")
     if str(mi.get("restart", "no")) != "no":
         problems.append("model-init: a one-shot job must not restart")
 
@@ -301,7 +301,7 @@ def test_cpu_variant_differs_from_gpu_only_in_the_verifier_device():
         ),
         (
             lambda s: s["draft"]["healthcheck"].__setitem__(
-                "test", ["CMD", "python", "-m", "specdec.health_probe", "--addr", "127.0.0.1:50052"]
+                "test", ["CMD", "python", "-m", "specdec.runtime.health_probe", "--addr", "127.0.0.1:50052"]
             ),
             "healthcheck probes 50052",
         ),
@@ -385,7 +385,7 @@ MODULES = sorted({m for _, m, _ in COMMANDS})
 
 def test_compose_runs_only_known_entry_points():
     assert set(MODULES) <= KNOWN_MODULES, set(MODULES) - KNOWN_MODULES
-    assert {"gateway", "verifier_service", "draft_service", "specdec.fetch_model", "specdec.health_probe"} <= set(
+    assert {"gateway", "verifier_service", "draft_service", "specdec.modeling.fetch_model", "specdec.runtime.health_probe"} <= set(
         MODULES
     )
 
@@ -426,7 +426,7 @@ def health_server():
 
 
 def probe(*args):
-    return run([PYTHON, "-m", "specdec.health_probe", *args], timeout=30, cwd=REPO)
+    return run([PYTHON, "-m", "specdec.runtime.health_probe", *args], timeout=30, cwd=REPO)
 
 
 def test_health_probe_exit_codes(health_server):

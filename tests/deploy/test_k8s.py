@@ -180,8 +180,8 @@ def k8s_problems(docs: list[dict], tls: bool) -> list[str]:
             if tls:
                 cmd = (p.get("exec") or {}).get("command") or []
                 text = " ".join(cmd)
-                if python_module_of(cmd) != "specdec.health_probe" or not re.search(rf"--addr[ =]\S*:{port}\b", text):
-                    problems.append(f"{dname}: with TLS, {probe} must exec specdec.health_probe on port {port}")
+                if python_module_of(cmd) != "specdec.runtime.health_probe" or not re.search(rf"--addr[ =]\S*:{port}\b", text):
+                    problems.append(f"{dname}: with TLS, {probe} must exec specdec.runtime.health_probe on port {port}")
             elif dname == "gateway" and probe == "readinessProbe":
                 # ready means the verifier is usable: GET /health answers 503 otherwise
                 get = p.get("httpGet") or {}

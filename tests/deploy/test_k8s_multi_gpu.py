@@ -15,12 +15,12 @@ import shutil
 
 import pytest
 
-from specdec.config import parse
-from specdec.grpc_server import ConfigError
+from specdec.runtime.config import parse
+from specdec.runtime.grpc_server import ConfigError
 from tests.deploy import test_k8s as base_checks
 from tests.deploy.test_k8s import K8S, K8S_VERSIONS, by_kind, env_value, k8s_problems, render, schema_errors
 from verifier_service.config import VerifierConfig
-from verifier_service.vllm_engine import parallel_args
+from verifier_service.engines.vllm_engine import parallel_args
 
 OVERLAY = K8S / "overlays" / "multi-gpu"
 # What this overlay changes on purpose in the base's rules: the draft has a GPU too.

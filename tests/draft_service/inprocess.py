@@ -11,8 +11,8 @@ import contextlib
 from draft_service.config import DraftConfig
 from draft_service.ngram import NgramProposer
 from draft_service.server import DraftServicer
-from specdec import grpc_server
-from specdec.config import ServerConfig
+from specdec.runtime import grpc_server
+from specdec.runtime.config import ServerConfig
 from specdec.v1 import common_pb2, draft_pb2, draft_pb2_grpc
 
 VOCAB = 100

@@ -9,7 +9,7 @@ import time
 import grpc
 import pytest
 
-from specdec import limits
+from specdec.runtime import limits
 from specdec.v1 import draft_pb2, draft_pb2_grpc
 from tests.draft_service.inprocess import draft_server
 from tests.grpc_streams import replies
@@ -115,9 +115,9 @@ def test_draft_info_reports_the_largest_block():
 
 def test_a_suffix_draft_says_it_sizes_its_own_blocks_and_the_verifiers_link_reads_it():
     from draft_service.suffix import SuffixProposer
-    from specdec.config import ServerConfig
+    from specdec.runtime.config import ServerConfig
     from tests.draft_service.inprocess import INFO
-    from verifier_service.draft_client import DraftLink
+    from verifier_service.draft.client import DraftLink
 
     async def scenario():
         async with draft_server(proposer=SuffixProposer()) as (address, _):

@@ -4,7 +4,7 @@ import pytest
 
 from draft_service.config import DraftConfig
 from draft_service.faults import inject_ahead_fault
-from specdec import config as specdec_config
+from specdec.runtime import config as specdec_config
 from specdec.v1 import draft_pb2
 
 

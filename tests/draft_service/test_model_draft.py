@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from draft_service.model_draft import ModelProposer
-from specdec.models import load_causal_lm
-from specdec.sampling import SamplingParams
+from specdec.modeling.models import load_causal_lm
+from specdec.decoding.sampling import SamplingParams
 
 
 @pytest.fixture(scope="module")
@@ -53,9 +53,9 @@ def test_sampling_returns_q_rows_that_sum_to_one(proposer):
 def test_a_seeded_draft_samples_with_the_verifiers_keyed_noise(tiny_pair):
     """Gumbel coupling: a draft sampling q with the noise keyed by (seed, position) proposes the target's own
     keyed draw where q == p, so a draft that is the target itself is accepted whole by the coupled rule."""
-    from specdec.draft_block import DraftBlock
-    from specdec.sampling import make_generator
-    from verifier_service.engine import TransformersEngine, verify_block
+    from specdec.decoding.draft_block import DraftBlock
+    from specdec.decoding.sampling import make_generator
+    from verifier_service.engines.transformers_engine import TransformersEngine, verify_block
 
     target = load_causal_lm(str(tiny_pair[0]))
     engine, proposer = TransformersEngine(target), ModelProposer(target)

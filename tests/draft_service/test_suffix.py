@@ -4,7 +4,7 @@ import pytest
 from prometheus_client import REGISTRY
 
 from draft_service.suffix import SuffixConfig, SuffixProposer
-from specdec.sampling import SamplingParams
+from specdec.decoding.sampling import SamplingParams
 
 
 def proposer(**overrides):

@@ -3,7 +3,7 @@
 import grpc
 import pytest
 
-from specdec.stack import running_stack
+from devkit.stack import running_stack
 from specdec.v1 import gateway_pb2_grpc
 
 

@@ -5,7 +5,7 @@ import os
 import pytest
 import torch
 
-from specdec.models import load_causal_lm, load_tokenizer
+from specdec.modeling.models import load_causal_lm, load_tokenizer
 from specdec.v1 import gateway_pb2
 
 pytestmark = pytest.mark.slow

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from specdec.stack import scrape_metrics as scrape
+from devkit.stack import scrape_metrics as scrape
 from specdec.v1 import gateway_pb2
 
 pytestmark = [pytest.mark.slow, pytest.mark.parametrize("stack", ["model"], indirect=True)]

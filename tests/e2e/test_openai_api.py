@@ -24,7 +24,7 @@ import grpc
 import openai
 import pytest
 
-from specdec.stack import running_stack, scrape_metrics
+from devkit.stack import running_stack, scrape_metrics
 from specdec.v1 import gateway_pb2, gateway_pb2_grpc
 
 pytestmark = pytest.mark.slow

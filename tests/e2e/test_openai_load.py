@@ -14,7 +14,7 @@ import pathlib
 import pytest
 
 from bench.studies import load
-from specdec.stack import REPO_ROOT
+from devkit.stack import REPO_ROOT
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 

@@ -1,7 +1,7 @@
 """A seed means what it says: through the three running services, a seeded sampled request gives the same tokens
 with the suffix, n-gram and model drafts, with k fixed (1, 4), adaptive (unset) or 0 (speculation off), on every
 repeat. The verifier draws the token at each position with noise keyed by (seed, position) and accepts a draft
-token iff it equals that draw (verifier_service/rejection_sampler.py: drafter_invariant_sample)."""
+token iff it equals that draw (verifier_service/speculation/rejection_sampler.py: drafter_invariant_sample)."""
 
 import pytest
 

@@ -17,7 +17,7 @@ import pytest
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 from opentelemetry.proto.trace.v1 import trace_pb2
 
-from specdec.stack import running_stack
+from devkit.stack import running_stack
 from specdec.v1 import gateway_pb2, gateway_pb2_grpc
 
 pytestmark = pytest.mark.slow

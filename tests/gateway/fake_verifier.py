@@ -22,8 +22,8 @@ from gateway.http_server import start_http
 from gateway.openai_api import ServedModel, create_app
 from gateway.server import GatewayServicer
 from gateway.validation import ModelLimits
-from specdec import grpc_server
-from specdec.config import ServerConfig
+from specdec.runtime import grpc_server
+from specdec.runtime.config import ServerConfig
 from specdec.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc, verifier_pb2, verifier_pb2_grpc
 
 MODEL = "tiny"

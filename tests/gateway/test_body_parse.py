@@ -16,7 +16,7 @@ from gateway.generation import Generation
 from gateway.http_server import start_http
 from gateway.openai_api import ServedModel, create_app
 from gateway.validation import ModelLimits
-from specdec.config import ServerConfig
+from specdec.runtime.config import ServerConfig
 
 
 def chat(messages: int) -> bytes:

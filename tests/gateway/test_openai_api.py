@@ -21,7 +21,7 @@ import grpc
 import openai
 import pytest
 
-from specdec.testing import build_tokenizer
+from devkit.testing import build_tokenizer
 from specdec.v1 import gateway_pb2, gateway_pb2_grpc
 from tests.gateway.fake_verifier import CHATML, CONTEXT, KEY, MODEL, FakeVerifier, gateway_in_thread
 from tests.reliability.support import wait_for

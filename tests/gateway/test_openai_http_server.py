@@ -23,9 +23,9 @@ from gateway.http_server import ConnectionLimits, start_http, tls_options
 from gateway.openai_api import ServedModel, create_app
 from gateway.validation import ModelLimits
 from gateway.verifier_watch import VerifierWatch
-from specdec.config import ServerConfig
-from specdec.grpc_server import ConfigError
-from specdec.stack import free_port
+from specdec.runtime.config import ServerConfig
+from specdec.runtime.grpc_server import ConfigError
+from devkit.stack import free_port
 from specdec.v1 import common_pb2
 from tests.reliability.support import Certs
 

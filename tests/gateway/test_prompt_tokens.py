@@ -9,7 +9,7 @@ import threading
 import pytest
 
 from gateway.prompt_tokens import PIECE_CHARS, Offload, PromptTooLong, bounded_ids, piece_end
-from specdec.testing import build_tokenizer
+from devkit.testing import build_tokenizer
 
 
 class Spy:

@@ -1,6 +1,6 @@
 """Helpers for the reliability tests: processes, metrics, RSS, certificates, an OTLP receiver.
 
-Everything runs on loopback. Services are real child processes (specdec.stack.Service);
+Everything runs on loopback. Services are real child processes (devkit.stack.Service);
 `Stack` starts the three of them, optionally over TLS, and waits for grpc.health.v1.
 """
 
@@ -18,7 +18,7 @@ import urllib.request
 import grpc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
-from specdec.stack import Service, free_port, stop_all, wait_serving
+from devkit.stack import Service, free_port, stop_all, wait_serving
 
 API_KEY = "sk-reliability-7f3c1e9a0b5d"  # a canary: it must never show up in a log or a span
 PROMPT_CANARY = "Canary prompt: zebra quasar marmalade"  # likewise, by default

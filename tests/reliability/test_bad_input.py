@@ -15,9 +15,9 @@ import pytest
 
 from gateway.validation import InvalidRequest as GatewayInvalid
 from gateway.validation import ModelLimits, check_generate_request
-from specdec import limits
-from specdec.sampling import MIN_TEMPERATURE, SamplingParams
-from specdec.testing import build_other_tokenizer_model
+from specdec.runtime import limits
+from specdec.decoding.sampling import MIN_TEMPERATURE, SamplingParams
+from devkit.testing import build_other_tokenizer_model
 from specdec.v1 import (
     common_pb2,
     draft_pb2,

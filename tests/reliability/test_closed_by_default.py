@@ -19,11 +19,11 @@ import time
 import grpc
 import pytest
 
-from specdec.loopback import is_loopback_host
-from specdec.stack import REPO_ROOT
+from specdec.runtime.loopback import is_loopback_host
+from devkit.stack import REPO_ROOT
 from specdec.v1 import draft_pb2, draft_pb2_grpc, verifier_pb2, verifier_pb2_grpc
 from tests.reliability.support import SERVICE_ENV, wait_exit
-from tests.specdec.test_loopback import non_loopback_address
+from tests.specdec.runtime.test_loopback import non_loopback_address
 
 pytestmark = pytest.mark.slow
 

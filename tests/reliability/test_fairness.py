@@ -13,7 +13,7 @@ import time
 import grpc
 import pytest
 
-from specdec.stack import Service, wait_serving
+from devkit.stack import Service, wait_serving
 from specdec.v1 import verifier_pb2, verifier_pb2_grpc
 from tests.reliability.support import SERVICE_ENV
 

@@ -18,13 +18,13 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from specdec.interceptors import INTERNAL_TOKEN_KEY
+from specdec.runtime.interceptors import INTERNAL_TOKEN_KEY
 from specdec.v1 import common_pb2, draft_pb2, draft_pb2_grpc, gateway_pb2, gateway_pb2_grpc, verifier_pb2, \
     verifier_pb2_grpc
 from tests.reliability.support import API_KEY, Service, Stack, authed_channel, wait_exit, wait_for
 from tests.reliability.test_bad_input import _raw_call
 from tests.reliability.test_cancellation import cancel_many
-from tests.specdec.test_call_guards import listening_address
+from tests.specdec.runtime.test_call_guards import listening_address
 
 pytestmark = pytest.mark.slow
 

@@ -12,8 +12,8 @@ import pytest
 import yaml
 
 from gateway.auth import parse_keys
-from specdec.grpc_server import ConfigError
-from specdec.stack import REPO_ROOT, SERVICE_ENV_DEFAULTS
+from specdec.runtime.grpc_server import ConfigError
+from devkit.stack import REPO_ROOT, SERVICE_ENV_DEFAULTS
 from tests.deploy.test_k8s import KUSTOMIZATIONS, by_kind, render
 
 DEPLOY = REPO_ROOT / "deploy"
@@ -122,7 +122,7 @@ def test_compose_makes_a_token_and_every_service_uses_it(file):
 
 
 def test_services_wait_passively_in_openmp_as_the_benchmark_measures():
-    assert SERVICE_ENV_DEFAULTS["OMP_WAIT_POLICY"] == "PASSIVE"  # make run, tests: specdec/stack.py
+    assert SERVICE_ENV_DEFAULTS["OMP_WAIT_POLICY"] == "PASSIVE"  # make run, tests: devkit/stack.py
     for dockerfile in ("Dockerfile", "Dockerfile.cuda"):  # compose and k8s
         text = (DEPLOY / dockerfile).read_text()
         assert re.search(r"^ENV (?:[^\n]*\\\n)*\s*OMP_WAIT_POLICY=PASSIVE\b", text, re.MULTILINE), dockerfile

@@ -22,7 +22,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from specdec.testing import build_other_tokenizer_model
+from devkit.testing import build_other_tokenizer_model
 from specdec.v1 import gateway_pb2, gateway_pb2_grpc, verifier_pb2, verifier_pb2_grpc
 from tests.reliability.support import Stack, wait_for
 

@@ -13,8 +13,8 @@ import subprocess
 
 import pytest
 
-from specdec.stack import REPO_ROOT
-from specdec.testing import VLLM_TINY_SHAPE, build_tiny_pair
+from devkit.stack import REPO_ROOT
+from devkit.testing import VLLM_TINY_SHAPE, build_tiny_pair
 from tests.verifier_service.vllm_support import (
     ID_PROMPTS,
     REFERENCE_MAX_TOKENS,
@@ -31,7 +31,7 @@ def vllm_pair(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def vllm_tokenizer(vllm_pair):
-    from specdec.models import load_tokenizer
+    from specdec.modeling.models import load_tokenizer
 
     return load_tokenizer(str(vllm_pair[0]))
 

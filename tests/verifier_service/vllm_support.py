@@ -8,7 +8,7 @@ import pathlib
 
 import pytest
 
-from specdec.stack import REPO_ROOT
+from devkit.stack import REPO_ROOT
 
 VLLM_PYTHON = os.environ.get("SPECDEC_VLLM_PYTHON", str(REPO_ROOT / ".venv-vllm" / "bin" / "python"))
 REFERENCE_MAX_TOKENS = 32

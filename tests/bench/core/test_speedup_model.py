@@ -3,7 +3,7 @@
 import pytest
 
 from bench.core import speedup_model
-from specdec import speedup
+from specdec.decoding import speedup
 
 # The bf16 curve measured on an AVX2-only EPYC (docs, FACTS.md): verifying is far from free there.
 AVX2_BF16 = {1: 1.0, 2: 1.371, 3: 1.777, 4: 2.121, 5: 2.5, 8: 3.52}

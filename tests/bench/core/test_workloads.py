@@ -8,7 +8,7 @@ import pytest
 
 from bench.core.workloads import (DEFAULT_WORKLOADS, REPETITIVE_WORKLOADS, WORKLOAD_DIR, chatml_conversation,
                              load_workload, parse_workloads)
-from specdec.chat_format import chatml
+from specdec.decoding.chat_format import chatml
 
 
 def _generator():

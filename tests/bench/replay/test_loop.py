@@ -35,7 +35,7 @@ def test_suffix_learns_from_earlier_prompts_in_the_same_pass():
 
 def test_replay_and_the_real_loop_agree_on_the_tiny_model(tiny_pair):
     """speculative_greedy emits exactly plain greedy (fp32), and accepts what the replay predicts."""
-    from specdec.models import load_causal_lm
+    from specdec.modeling.models import load_causal_lm
 
     target = load_causal_lm(str(tiny_pair[0]), dtype="float32")
     prompt = [5, 17, 33, 17, 33, 17, 33, 42]
@@ -54,7 +54,7 @@ def test_replay_and_the_real_loop_agree_on_the_tiny_model(tiny_pair):
 
 @pytest.mark.parametrize("k", [1, 3])
 def test_model_drafts_replay_a_draft_that_equals_the_target_accepts_everything(tiny_pair, k):
-    from specdec.models import load_causal_lm
+    from specdec.modeling.models import load_causal_lm
 
     target = load_causal_lm(str(tiny_pair[0]), dtype="float32")
     prompt = [5, 17, 33, 42]

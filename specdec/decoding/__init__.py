@@ -1,0 +1,1 @@
+"""Decoding arithmetic shared by the services: sampling, the speedup model, detokenizing, the draft block."""

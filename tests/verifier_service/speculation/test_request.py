@@ -1,0 +1,142 @@
+"""RequestSpeculation's one place a round is recorded: what the policy learns from a round without a block."""
+
+import asyncio
+
+import pytest
+
+from specdec.runtime.config import ServerConfig
+from specdec.decoding.sampling import SamplingParams
+from specdec.v1 import common_pb2
+from verifier_service.draft.client import DraftLink
+from verifier_service.speculation.request import RequestSpeculation, Round
+from verifier_service.speculation.policy import RoundCost, SpeculationPolicy
+
+
+def test_a_draft_that_gives_nothing_is_charged_to_drafting_not_to_plain_steps():
+    """The draft is asked for 4 tokens and does not answer (nothing listens at its address): the round's time,
+    the wait included, is what drafting cost, with nothing accepted. A plain step's time stays a plain step's."""
+    async def scenario():
+        link = DraftLink("127.0.0.1:1", ServerConfig(), common_pb2.ModelInfo(vocab_size=10), timeout_s=0.2)
+        cost = RoundCost()
+        speculation = RequestSpeculation(SpeculationPolicy(4, 16, cost=cost), link.session("r", SamplingParams()))
+        block, reason = await speculation.propose([1, 2, 3], 4)
+        assert block.token_ids == [] and reason == "unavailable"
+        speculation.record(Round(0, 0, 2.1, draft_wait_s=2.0, forward_s=0.1, fallback=reason))
+        assert speculation.stats.num_rounds == 1 and speculation.stats.num_drafts == 0
+        assert speculation.stats.num_fallback_rounds == 1
+        assert set(cost.seconds) == {4} and cost.seconds[4].value == 2.1  # not a 2.1 s plain step
+        assert cost.acceptance[True].accepted == 0.0 and cost.acceptance[True].judged == 1.0  # one rejection
+
+        block, reason = await speculation.propose([1, 2, 3], 0)  # the policy chose a plain step
+        speculation.record(Round(0, 0, 0.1, forward_s=0.1, fallback="not_paying"))
+        assert cost.seconds[0].value == 0.1
+        await link.close()
+
+    asyncio.run(asyncio.wait_for(scenario(), 30))
+
+
+def test_a_slow_draft_turns_speculation_off():
+    """Rounds that ask a draft which never answers in time cost 2 s each against 0.1 s plain steps: the next
+    request's policy does not draft."""
+    cost = RoundCost()
+    for _ in range(3):
+        cost.observe(0, 0, 0.1)
+    for _ in range(8):
+        cost.observe(4, 0, 2.1)  # as recorded above for each draft that gave nothing
+    assert SpeculationPolicy(4, 16, cost=cost).block_size(1000, 1000) == 0
+
+
+def test_a_retry_the_draft_had_nothing_for_is_over():
+    """A real n-gram draft with no match for an unrepeated prompt answers a retry with no block and no fallback
+    reason: the retry is over (it used to ask again every round). The ask is not carried into the next round's
+    record, which did not ask (the vLLM engine records a step's round before it asks for the next block)."""
+    from tests.draft_service.inprocess import draft_server
+    from tests.verifier_service.draft.test_link_limits import target
+    from tests.verifier_service.speculation.test_policy import cost_of
+    from verifier_service.speculation.policy import COOLDOWN_ROUNDS, PROBE_K
+
+    async def scenario():
+        async with draft_server() as (address, _servicer):
+            link = DraftLink(address, ServerConfig(), target(), timeout_s=5.0)
+            policy = SpeculationPolicy(4, 16, cost=cost_of(0.07, 0.025, acceptance=0.2))  # blocks do not pay
+            speculation = RequestSpeculation(policy, link.session("r", SamplingParams()))
+            sizes = [speculation.block_size(1000, 1000) for _ in range(COOLDOWN_ROUNDS + 2)]
+            assert sizes == [0] * (COOLDOWN_ROUNDS + 1) + [PROBE_K] and policy.probing
+            block, reason = await speculation.propose([1, 2, 3, 4, 5], PROBE_K)
+            assert block.token_ids == [] and reason == ""
+            speculation.record(Round(0, 0, 0.09, forward_s=0.07))
+            assert not policy.probing and speculation.asked_k == 0
+            assert speculation.block_size(1000, 1000) == 0 and policy.cooldown == 2 * COOLDOWN_ROUNDS
+            speculation.close(None)
+            await link.close()
+
+    asyncio.run(asyncio.wait_for(scenario(), 30))
+
+
+def test_a_chained_block_crosses_the_wire_and_is_cut_and_judged_as_the_policy_says():
+    """A real suffix draft chains past its match ([50, 51] drafts [80, 81], then [50, 51, 80, 81] goes on with
+    [53, 54, 55]). The verifier learns which tokens were chained (ProposeResponse.num_chained): where chained
+    tokens cost 0.35 of a step each and are rarely accepted it verifies only the matched two; on a curve where
+    they are nearly free it verifies all five, and the round judges the chained ones apart."""
+    from draft_service.suffix import SuffixConfig, SuffixProposer
+    from tests.draft_service.inprocess import draft_server
+    from tests.draft_service.test_suffix import generate
+    from tests.verifier_service.draft.test_link_limits import target
+    from tests.verifier_service.speculation.test_policy import FLAT, STEEP, seen, timed
+
+    suffix = SuffixProposer(SuffixConfig(suffix_scope="global"))
+    generate(suffix, [7], [50, 51, 80, 81, 53, 54, 55])
+
+    async def verified(curve):
+        async with draft_server(proposer=suffix) as (address, _servicer):
+            link = DraftLink(address, ServerConfig(), target(), timeout_s=5.0)
+            cost = timed(curve)
+            cost.acceptance[True], cost.chained[True] = seen(0.8), seen(0.25)
+            policy = SpeculationPolicy(4, 8, cost=cost, draft_sizes_blocks=True)
+            speculation = RequestSpeculation(policy, link.session("r", SamplingParams()))
+            k = speculation.block_size(1000, 1000)
+            block, reason = await speculation.propose([1, 2, 3, 50, 51], k)
+            assert reason == ""
+            speculation.record(Round(len(block.token_ids), len(block.token_ids), 0.1, draft_wait_s=0.001))
+            speculation.close(None)
+            await link.close()
+            return block, cost
+
+    block, _ = asyncio.run(asyncio.wait_for(verified(STEEP), 30))
+    assert block.token_ids == [80, 81] and block.num_chained == 0
+    block, cost = asyncio.run(asyncio.wait_for(verified(FLAT), 30))
+    assert block.token_ids == [80, 81, 53, 54, 55] and block.num_chained == 3
+    assert cost.chained[True].judged == pytest.approx(1000 * 0.99 + 3)  # 3 chained tokens judged, all accepted
+
+
+def test_a_block_too_weak_to_pay_is_a_plain_step_after_the_wait():
+    """A real suffix draft answers with a 1-token block ([50] was followed by 80 once). On the AVX2 EPYC's curve,
+    where verifying one token costs 1.82 plain steps, and with 1-token blocks accepted 1 time in 5 on this server,
+    the round verifies nothing ("weak_draft"); its time, less the wait for the draft, is a plain step's."""
+    from draft_service.suffix import SuffixConfig, SuffixProposer
+    from tests.draft_service.inprocess import draft_server
+    from tests.draft_service.test_suffix import generate
+    from tests.verifier_service.draft.test_link_limits import target
+    from tests.verifier_service.speculation.test_policy import AVX2, seen, timed
+
+    suffix = SuffixProposer(SuffixConfig(suffix_scope="global", suffix_chain=False))
+    generate(suffix, [7], [50, 80])
+
+    async def scenario():
+        async with draft_server(proposer=suffix) as (address, _servicer):
+            link = DraftLink(address, ServerConfig(), target(), timeout_s=5.0)
+            cost = timed(AVX2)
+            cost.acceptance[True], cost.by_length[True] = seen(0.7), {1: seen(0.2, 200)}
+            policy = SpeculationPolicy(4, 8, cost=cost, draft_sizes_blocks=True)
+            speculation = RequestSpeculation(policy, link.session("r", SamplingParams()))
+            k = speculation.block_size(1000, 1000)
+            block, reason = await speculation.propose([1, 2, 3, 50], k)
+            assert k == 8 and block.token_ids == [] and reason == "weak_draft"
+            plain = cost.seconds[0].samples
+            speculation.record(Round(0, 0, 1.05, draft_wait_s=0.05, forward_s=1.0, fallback=reason))
+            assert speculation.stats.num_fallback_rounds == 1 and speculation.stats.num_drafts == 0
+            assert cost.seconds[0].samples == plain + 1 and cost.seconds[0].value == pytest.approx(1.0)
+            speculation.close(None)
+            await link.close()
+
+    asyncio.run(asyncio.wait_for(scenario(), 30))

@@ -1,0 +1,366 @@
+"""The verifier's side of the draft stream: one bidirectional Propose call per sequence.
+
+`DraftLink` owns the channel to the draft service and a shared back-off: when
+the draft fails, every sequence decodes without it until the back-off expires,
+then the next sequence to ask reconnects. `DraftSession` is one sequence's
+handle: its stream and its position in the draft; it can also ask for a block without
+waiting (`prefetch`) and take the answer on the next round (`at_hand`). Any failure (the draft died,
+was too slow, or answered nonsense) gives that round an empty block with the
+reason, and the engine carries on without speculation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+
+import grpc
+import numpy as np
+import torch
+
+from specdec.runtime import grpc_server
+from specdec.modeling import models
+from specdec.runtime.config import ServerConfig
+from specdec.decoding.draft_block import DraftBlock
+from specdec.decoding.sampling import SamplingParams, to_proto
+from specdec.v1 import common_pb2, draft_pb2, draft_pb2_grpc
+from verifier_service.draft.stream import AheadCounts, ProposeStream, StreamEnded
+
+log = logging.getLogger(__name__)
+
+
+# Errors about one request (the draft refused it, or dropped its idle stream: ABORTED, the draft's
+# --sequence-ttl-s), not about the draft: they do not back off other sequences.
+REQUEST_ERRORS = frozenset({grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION,
+                            grpc.StatusCode.OUT_OF_RANGE, grpc.StatusCode.ABORTED})
+
+
+_DRAINING: set[asyncio.Task] = set()  # strong references to streams being closed
+
+
+def _in_background(coroutine) -> None:
+    """Run a stream's clean-up as a task, held strongly until it is done."""
+    task = asyncio.get_running_loop().create_task(coroutine)
+    _DRAINING.add(task)
+    task.add_done_callback(_DRAINING.discard)
+
+
+def _end(call) -> None:
+    """Cancel a Propose call and release its request side. When the draft ended the call first, cancel() does
+    nothing, and grpc.aio's proxy for call.write() (used when a channel has interceptors) would wait for a
+    request forever; collected later, it logs "Task was destroyed but it is pending" and "aclose(): asynchronous
+    generator is already running". Half-closing ends that proxy."""
+    call.cancel()
+    _in_background(_release_writes(call))
+
+
+async def _release_writes(call) -> None:
+    try:
+        await asyncio.wait_for(call.done_writing(), 5.0)
+    except (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.TimeoutError, asyncio.InvalidStateError):
+        pass  # the call is over either way
+
+
+class DraftUnavailable(Exception):
+    """The draft cannot serve this round; decode without it."""
+
+
+# What a broken, slow or vanished stream raises: the round decodes without the draft.
+STREAM_ERRORS = (grpc.aio.AioRpcError, asyncio.TimeoutError, asyncio.InvalidStateError, DraftUnavailable,
+                 StreamEnded)
+
+
+class DraftIncompatible(RuntimeError):
+    """The draft's tokenizer differs from the target's; the message says what differs."""
+
+
+class Backoff:
+    """Exponential back-off between reconnection attempts, shared by all sequences."""
+
+    def __init__(self, initial_s: float = 0.25, maximum_s: float = 5.0):
+        self.initial_s, self.maximum_s = initial_s, maximum_s
+        self.delay_s = 0.0
+        self.retry_at = 0.0
+
+    def ready(self) -> bool:
+        return time.monotonic() >= self.retry_at
+
+    def failed(self) -> None:
+        self.delay_s = min(self.maximum_s, max(self.initial_s, self.delay_s * 2))
+        self.retry_at = time.monotonic() + self.delay_s
+
+    def succeeded(self) -> None:
+        self.delay_s, self.retry_at = 0.0, 0.0
+
+
+class DraftLink:
+    def __init__(self, address: str, server_config: ServerConfig, target_info: common_pb2.ModelInfo,
+                 timeout_s: float, pipeline: bool = True):
+        self.address = address
+        self.target_info = target_info
+        self.timeout_s = timeout_s
+        self.pipeline = pipeline  # ask the draft to draft ahead (draft_stream)
+        self.channel = grpc_server.open_channel(address, server_config)
+        self.stub = draft_pb2_grpc.DraftServiceStub(self.channel)
+        self.backoff = Backoff()
+        self.checked = False  # tokenizer compatibility verified on this channel
+        self.method = ""
+        self.max_k = 0  # the largest block the draft serves (GetDraftInfo); 0: not reported
+        self.sizes_blocks = False  # the draft cuts its blocks to its evidence (GetDraftInfo)
+
+    async def check_compatible(self, wait_s: float = 0.0) -> None:
+        """Ask the draft for its tokenizer and refuse a mismatch (raises DraftIncompatible)."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                reply = await self.stub.GetDraftInfo(draft_pb2.GetDraftInfoRequest(), timeout=5.0,
+                                                     wait_for_ready=wait_s > 0)
+                break
+            except grpc.aio.AioRpcError as exc:
+                if time.monotonic() >= deadline:
+                    raise DraftUnavailable(f"draft at {self.address}: {exc.code().name}: {exc.details()}") from exc
+                await asyncio.sleep(0.5)
+        problem = models.tokenizer_mismatch(self.target_info, reply.info)
+        if problem:
+            raise DraftIncompatible(problem)
+        self.method = reply.method
+        self.max_k = reply.max_speculative_tokens
+        self.sizes_blocks = reply.sizes_blocks
+        self.checked = True
+
+    def available(self) -> bool:
+        return self.backoff.ready()
+
+    def session(self, request_id: str, sampling: SamplingParams, tenant: str = "") -> DraftSession:
+        """A handle for one sequence; its stream opens on the first proposal."""
+        return DraftSession(self, request_id, sampling, tenant)
+
+    async def open(self, request_id: str, tokens: list[int], sampling: SamplingParams, tenant: str = ""):
+        """Start a sequence on a new Propose stream and return the call. Raises DraftUnavailable (and backs off)."""
+        try:
+            if not self.checked:
+                await asyncio.wait_for(self.check_compatible(), self.timeout_s)
+            call = self.stub.Propose()
+            start = draft_pb2.StartSequence(
+                request_id=request_id, prompt_token_ids=tokens, sampling=to_proto(sampling),
+                # q serves rejection sampling only; a seeded request's coupled rule needs no q
+                return_probs=not sampling.greedy and sampling.seed is None, tenant=tenant,
+                max_context=self.target_info.max_context, pipeline=self.pipeline,
+            )
+            try:
+                await asyncio.wait_for(call.write(draft_pb2.ProposeRequest(start=start)), self.timeout_s)
+            except BaseException:  # failed, timed out or cancelled: the draft may hold the start; end the stream
+                _end(call)
+                raise
+        except DraftIncompatible as exc:
+            # a draft restarted with another tokenizer: never speculate with it; say so, and keep checking
+            log.error("%s", exc)
+            self.failed()
+            raise DraftUnavailable(f"the draft at {self.address} is incompatible") from exc
+        except STREAM_ERRORS as exc:
+            self.failed()
+            raise DraftUnavailable(f"cannot open a draft stream: {exc!r}") from exc
+        return call
+
+    def failed(self, exc: BaseException | None = None) -> None:
+        """A draft call failed. Back off (every sequence) unless the draft only refused this one request."""
+        if isinstance(exc, grpc.aio.AioRpcError) and exc.code() in REQUEST_ERRORS:
+            return
+        self.backoff.failed()
+        self.checked = False  # whatever answers after a failure may be another draft: check its tokenizer again
+
+    async def close(self) -> None:
+        await self.channel.close()
+
+
+class DraftSession:
+    """One sequence's handle on the draft: its stream (opened on first use) and its position in the draft.
+
+    The draft's copy of the sequence is kept in step with the verifier's by position: `synced`
+    tokens are known to be identical on both sides. Each round sends only what changed since
+    (roll back to `synced`, append the tokens after it) and asks for the next block; the block may
+    have come ahead, drafted while the previous round was verified (`draft_stream`).
+    """
+
+    def __init__(self, link: DraftLink, request_id: str, sampling: SamplingParams, tenant: str = ""):
+        self.link = link
+        self.request_id = request_id
+        self.sampling = sampling
+        self.tenant = tenant
+        self.stream: ProposeStream | None = None  # the Propose stream, once opened
+        self.synced = 0  # tokens[:synced] are known to be identical in the draft
+        self.ahead = AheadCounts()
+        self.prefetched: tuple[int, int, int] | None = None  # an unanswered prefetch: (round, tokens before it, k asked)
+
+    @property
+    def call(self):
+        return self.stream.call if self.stream is not None else None
+
+    async def _ensure_stream(self, tokens: list[int]) -> str:
+        """Open the Propose stream on first use; "" when it is open, else why the round has no draft."""
+        if self.stream is not None:
+            return ""
+        if not self.link.available():
+            return "backoff"
+        try:
+            call = await self.link.open(self.request_id, tokens, self.sampling, self.tenant)
+        except DraftUnavailable as exc:
+            log.warning("request %s: decoding without the draft: %s", self.request_id, exc)
+            return "unavailable"
+        self.stream = ProposeStream(call, self.ahead)
+        self.synced = len(tokens)
+        return ""
+
+    async def propose(self, tokens: list[int], k: int) -> tuple[DraftBlock, str]:
+        """A block of up to k tokens after `tokens`, or an empty one and the reason it is empty."""
+        reason = await self._ensure_stream(tokens)
+        if reason:
+            return DraftBlock.empty(), reason
+        self.prefetched = None
+        if self.link.max_k:
+            k = min(k, self.link.max_k)  # the draft refuses larger blocks (its --max-speculative-tokens)
+        stream = self.stream
+        try:
+            response, ahead = await asyncio.wait_for(
+                stream.next_block(self.synced, tokens[self.synced:], k), self.link.timeout_s)
+        except STREAM_ERRORS as exc:
+            return DraftBlock.empty(), self._round_failed(stream, exc)
+        self.synced = len(tokens)
+        if response.answered_ahead:  # the draft answered with a block sent ahead, which was discarded here
+            return DraftBlock.empty(), "ahead_discarded"
+        try:
+            block = self._block(response, k, ahead)
+        except DraftUnavailable as exc:
+            if ahead:  # the draft answered this round with it: verify no block, the next sync rolls it back
+                self.ahead.discard("invalid")
+                return DraftBlock.empty(), "ahead_invalid"
+            return self._give_up(str(exc))
+        if ahead:
+            self.ahead.use()
+        self.link.backoff.succeeded()
+        return block, ""
+
+    def ahead_ready(self, tokens: list[int]) -> bool:
+        """Whether the draft's block drafted ahead for `tokens` has arrived (propose would use it at once)."""
+        return self.stream is not None and self.stream.ahead_ready(self.synced, tokens[self.synced:])
+
+    async def prefetch(self, tokens: list[int], k: int) -> str:
+        """Ask for a block after `tokens` without waiting: the verifier decodes a plain step meanwhile, and the
+        next round finds the answer (`at_hand`). One token more than k is asked, so that the block still holds
+        k after the plain step's token, if the draft guessed that token. "" or why nothing was asked."""
+        reason = await self._ensure_stream(tokens)
+        if reason:
+            return reason
+        k = min(k + 1, self.link.max_k) if self.link.max_k else k + 1
+        stream = self.stream
+        try:
+            round_ = await asyncio.wait_for(stream.send(self.synced, tokens[self.synced:], k), self.link.timeout_s)
+        except STREAM_ERRORS as exc:
+            return self._round_failed(stream, exc)
+        self.synced = len(tokens)
+        self.prefetched = (round_, len(tokens), k)
+        return ""
+
+    async def at_hand(self, tokens: list[int], k: int) -> tuple[DraftBlock | None, bool | None]:
+        """The answer to the last prefetch, as a block of up to k tokens after `tokens`, if the tokens decoded since
+        it was asked are its first ones (it was drafted after tokens[:base]; the block is what follows tokens[base:]
+        in it). A draft slower than the plain step is waited for here, for what is left of its time. (block or
+        None, whether its first token was the target's: None when nothing was judged). A block is never used
+        after tokens it did not assume."""
+        if self.prefetched is None or self.stream is None:
+            return None, None
+        (round_, base, asked), self.prefetched = self.prefetched, None
+        stream = self.stream
+        try:
+            response = await asyncio.wait_for(stream.answer(round_), self.link.timeout_s)
+        except STREAM_ERRORS as exc:
+            self._round_failed(stream, exc)
+            return None, None
+        proposed, decoded = list(response.token_ids), tokens[base:]
+        if not decoded or not proposed:
+            return None, None
+        if len(proposed) > asked:
+            log.warning("request %s: the draft answered %d tokens where %d were asked", self.request_id,
+                        len(proposed), asked)
+            self.ahead.prefetch("invalid")
+            return None, None
+        if len(decoded) >= len(proposed) or proposed[:len(decoded)] != decoded:
+            self.ahead.prefetch("missed")
+            return None, proposed[0] == decoded[0]
+        try:
+            block = self._block(response, k, ahead=True, offset=len(decoded))
+        except DraftUnavailable as exc:
+            log.warning("request %s: dropped a prefetched block: %s", self.request_id, exc)
+            self.ahead.prefetch("invalid")
+            return None, None
+        self.synced = base + len(decoded)  # the draft holds tokens[:base] + its proposal, which begins with these
+        self.ahead.prefetch("used")
+        self.link.backoff.succeeded()
+        return block, True
+
+    def _round_failed(self, stream: ProposeStream, exc: BaseException) -> str:
+        """A call on `stream` raised: "closed" if the sequence ended (and closed its stream) meanwhile; else back
+        off and end the stream ("failed"), so the next round opens a new one."""
+        if self.stream is not stream:
+            return "closed"
+        self.link.failed(exc)
+        return self._give_up(f"draft round failed: {exc!r}")[1]
+
+    def _give_up(self, why: str) -> tuple[DraftBlock, str]:
+        """End this stream; the next round opens a new one (after the link's back-off, if any)."""
+        log.warning("request %s: decoding without the draft: %s", self.request_id, why)
+        self.cancel()
+        return DraftBlock.empty(), "failed"
+
+    def accepted(self, num_accepted: int) -> None:
+        """The verifier kept the last block up to num_accepted tokens: the draft holds those too."""
+        self.synced += num_accepted
+
+    def _block(self, response: draft_pb2.ProposeResponse, k: int, ahead: bool = False, offset: int = 0) -> DraftBlock:
+        """The response as a block of at most k tokens, from its token `offset` on (a prefetched block, after the
+        tokens decoded meanwhile). An ahead or prefetched block was drafted before k was known and may be longer:
+        its first k tokens are a block for this round (q of each is conditioned on those before)."""
+        tokens = list(response.token_ids)
+        vocab = self.link.target_info.vocab_size
+        if (len(tokens) > k and not ahead) or any(t < 0 or t >= vocab for t in tokens):
+            raise DraftUnavailable(f"the draft sent an invalid block {tokens[:8]} for k={k}")
+        if response.num_chained > len(tokens):
+            raise DraftUnavailable(f"the draft said {response.num_chained} of its {len(tokens)} tokens were chained")
+        block = DraftBlock(tokens, None, ahead, response.num_chained).window(offset, k)
+        if not response.probs:
+            return block
+        probs = np.frombuffer(response.probs, dtype="<f4")
+        if probs.size % max(len(tokens), 1) or not tokens:
+            raise DraftUnavailable("the draft sent probabilities that do not match its tokens")
+        rows = probs.reshape(len(tokens), -1)[offset:offset + len(block.token_ids)]  # q of the block's tokens only
+        q = torch.from_numpy(rows.copy())  # [k', V_draft]
+        if q.shape[1] < vocab:  # a draft with a narrower output layer: pad q with zeros
+            q = torch.nn.functional.pad(q, (0, vocab - q.shape[1]))
+        return dataclasses.replace(block, probs=q[:, :vocab])
+
+    def cancel(self) -> None:
+        self.prefetched = None
+        if self.stream is not None:
+            _end(self.stream.call)
+            self.stream = None
+
+    def close(self, final_tokens: list[int] | None = None) -> None:
+        """End the stream. After a normal finish (final_tokens: the whole sequence), sync the draft to it
+        and half-close, so the draft finishes the call cleanly and may learn the output; after a cancel or
+        failure (None), cancel it, so the draft keeps nothing. Runs in the background."""
+        if self.stream is None:
+            return
+        if final_tokens is None:
+            self.cancel()
+            return
+        stream, self.stream = self.stream, None
+        _in_background(self._drain(stream, self.synced, final_tokens[self.synced:]))
+
+    @staticmethod
+    async def _drain(stream: ProposeStream, keep_length: int, append_token_ids: list[int]) -> None:
+        try:
+            await stream.finish(keep_length, append_token_ids)
+        except (grpc.aio.AioRpcError, asyncio.TimeoutError, asyncio.InvalidStateError, RuntimeError):
+            _end(stream.call)

@@ -1,0 +1,494 @@
+"""How many tokens to draft this round (k), per request: the speedup model, fed with measurements.
+
+A request that sets k gets exactly that k. A request that leaves it unset gets the k that
+maximises expected tokens per second,
+
+    k* = argmax_k  E(k, alpha) / T(k),   E(k, alpha) = (1 - alpha^(k+1)) / (1 - alpha),
+
+where E is the expected number of tokens a round emits when each draft token is accepted with
+probability alpha (Leviathan et al. 2023), and T(k) is the measured wall time of a round that
+verifies k draft tokens (forward pass, draft wait, transport), k = 0 being a plain step:
+- T(k) is learnt server-wide by `RoundCost` (round times are a property of the machine and the
+  model, not of the request): the plain step's average for k = 0, and for k >= 1 the average
+  round time of each block size seen, linear between them and past them along a line fitted to
+  those averages. A CPU's verify-cost curve has steps that a line would smooth into the wrong k,
+  so the policy reads the measured times at each block size, and predicts the size just past the
+  timed ones at the largest timed size's cost until it is timed (`RoundCost.optimistic`), so that
+  it tries that size once instead of trusting the line. What every drafted round pays once (the
+  draft's wait, the round trip to a remote draft) counts in full;
+- alpha is this request's acceptance, with the server-wide acceptance of requests with the same
+  kind of sampling (greedy or not: sampled text is accepted far less often) as a prior worth a
+  few draft tokens, so that a request of a low-acceptance workload does not pay to find out.
+  Acceptance is counted as the model defines it: a block stops being judged at its first
+  rejected token, so a block of 8 with 2 accepted is 2 accepted of 3 judged, not of 8 (counting
+  all 8 makes long blocks look worse than they are and switches speculation off);
+- a draft that sizes its own blocks (suffix decoding drafts only as far as its evidence goes, and
+  returns fewer tokens, or none, where a match is weak) is asked for the longest block whenever
+  drafting pays: the draft knows better than the policy where its proposal turns uncertain. An
+  empty block is a plain step, not rejected tokens;
+- such a draft may chain past its match (`--suffix-chain`: it matches again on the context plus
+  its draft) and say so (`DraftBlock.num_chained`, the block's last tokens). Chained tokens are
+  judged apart, with a server-wide acceptance of their own counted only where the tokens before
+  them were all accepted, and verified only as far as they pay;
+- such a draft's block is verified only as far as it pays (`cut_block`: the n, from none to all,
+  with the most expected tokens per second on the measured round times, the draft's wait being
+  paid already). Its matched tokens are judged by the server-wide acceptance of blocks whose
+  match was as long (`RoundCost.by_length`), with the request's as the prior: a short match is
+  accepted far less often than a long one, and where verifying a token costs more than a plain
+  step, a short block pays only at an acceptance it seldom reaches. A block too weak to pay is a
+  plain step ("weak_draft"); a length whose blocks are cut learns nothing new, so its evidence
+  fades with each cut, back to the request's;
+- k* = 0 turns speculation off ("not_paying"), but only if it is still 0 with the acceptance half a
+  standard error higher (EXPLORE_Z): an estimate from a few judged tokens just under break-even
+  drafts on and learns, where turning off would stop the evidence. The request then drafts again
+  only after a cool-down (8 plain rounds, doubling up to 256 each time the retry also loses), with
+  the block whose round is cheapest (`probe_k`), so a request that reaches a copy-heavy stretch
+  later can still win. A retry pays only if its round beat plain steps in time, not merely if
+  tokens of its block were accepted: a draft as slow as the target has every block accepted and
+  still loses. A retry whose ask comes back empty (an n-gram with no match) is over, and the
+  request's evidence decides as after any retry that did not pay: asking again every round until a
+  block came would pay a round trip to the draft each time. Where the measured round times say that
+  even blocks accepted whole would lose (a slow or far draft), the cool-down is the longest at
+  once: every retry would cost a draft round for nothing;
+- where one forward pass verifies many sequences' blocks (the vLLM engine's batched step), a row's
+  block delays every row of the step, so the choice maximises the step's tokens per second, not the
+  row's: k* = argmax_k (E(k, alpha) + S) / T_step(k), where S is what the other rows emit per step
+  and T_step(k) the step's time with this row's k more tokens, from `StepCost`'s measured line of
+  step time against the tokens a step computes. Alone in the step (S = 0) this is the rule above.
+  Where the block would pay for the row but not for the step, the row decodes plainly ("load")
+  and asks again next step, without a cool-down: it is the load, not the text, that says no;
+- speculation turns off while more sequences are live than `max_concurrency` (a fixed cap, for
+  operators who want one), and back on when load drops;
+- a far draft (its answer takes over FAR_DRAFT_WAIT of a plain step: another host, a slow model) is not
+  always waited for (`step_while_drafting`): a round may ask for its block and decode a plain step
+  meanwhile, and the next round verifies the block after the step's token if the draft guessed it; a retry
+  whose first token the step showed wrong is over (`observe_first_token`). The round trip then overlaps a
+  step that emits a token anyway, instead of being paid for a block that may bring nothing.
+Every choice is lossless: k only changes how fast tokens arrive. `python -m bench policy-sim`
+replays the policy over the target's known greedy outputs of the shipped workloads, against
+every fixed k, in seconds; the replays behind each rule are in docs/design.md ("The evidence
+behind the rules").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from specdec.decoding.speedup import expected_tokens
+
+EWMA = 0.2  # weight of the newest sample in the running averages
+PRIOR_DRAFT_TOKENS = 4.0  # weight of a prior acceptance in an estimate, in judged draft tokens
+PRIOR_ALPHA = 0.5  # acceptance assumed before any draft has been verified
+SERVER_DECAY = 0.99  # the server-wide acceptance counts fade by this per drafted round
+PRIOR_SLOPE = 0.1  # T(k) = T(0) (1 + 0.1 k) until rounds at two block sizes have been measured
+MEASURED_AFTER = 2  # rounds of a block size before its own average stands for T(k)
+COOLDOWN_ROUNDS = 8  # plain rounds before speculation is retried (doubles on each failed retry)
+MAX_COOLDOWN_ROUNDS = 256
+STEP_DECAY = 0.98  # StepCost's sums fade by this per observed engine step
+HOPELESS_AFTER_ROUNDS = 4  # drafted rounds measured server-wide before blocks may be judged unable to pay
+PROBE_K = 1  # the block a retry drafts before round times are known (then the cheapest: probe_k)
+DECAY = 0.9  # a request's acceptance counts fade by this per drafted round, so it follows the text
+EXPLORE_Z = 0.5  # standard errors added to the acceptance before speculation is turned off
+# A block's matched tokens are judged by the server-wide acceptance of blocks whose match was as long, up to this
+LENGTH_BUCKETS = 8
+FAR_DRAFT_WAIT = 0.05  # a draft whose answer takes less than this share of a plain step is near: always wait for it
+
+
+def judged(num_draft_tokens: int, num_accepted: int) -> int:
+    """Draft tokens the target judged: the accepted ones and the first rejected one, if any.
+
+    Verification stops at the first rejection; the tokens after it say nothing about alpha.
+    """
+    return num_accepted + (num_accepted < num_draft_tokens)
+
+
+@dataclasses.dataclass
+class Ewma:
+    value: float | None = None
+    samples: int = 0
+
+    def add(self, sample: float) -> None:
+        self.value = sample if self.value is None else (1 - EWMA) * self.value + EWMA * sample
+        self.samples += 1
+
+
+def matched_part(num_draft_tokens: int, num_accepted: int, num_chained: int) -> tuple[int, int]:
+    """A block's tokens before its last num_chained (the ones the draft matched), and how many of them were accepted."""
+    matched = num_draft_tokens - num_chained
+    return matched, min(num_accepted, matched)
+
+
+@dataclasses.dataclass
+class Acceptance:
+    """Accepted over judged draft tokens, both fading by `decay` per drafted round, with a prior."""
+
+    decay: float
+    prior: float = PRIOR_ALPHA
+    accepted: float = 0.0
+    judged: float = 0.0
+
+    def add(self, num_draft_tokens: int, num_accepted: int) -> None:
+        self.accepted = self.decay * self.accepted + num_accepted
+        self.judged = self.decay * self.judged + judged(num_draft_tokens, num_accepted)
+
+    def fade(self) -> None:
+        """One decay with nothing added: the evidence ages where nothing is judged."""
+        self.accepted *= self.decay
+        self.judged *= self.decay
+
+    def value(self, prior: float | None = None) -> float:
+        prior = self.prior if prior is None else prior
+        return (self.accepted + prior * PRIOR_DRAFT_TOKENS) / (self.judged + PRIOR_DRAFT_TOKENS)
+
+    def upper(self, prior: float | None = None, z: float = EXPLORE_Z) -> float:
+        """The value plus z standard errors of a rate over judged + prior tokens."""
+        alpha = self.value(prior)
+        return min(1.0, alpha + z * (alpha * (1.0 - alpha) / (self.judged + PRIOR_DRAFT_TOKENS)) ** 0.5)
+
+
+class RoundCost:
+    """Server-wide: the wall time of a round against its block size, and the acceptance rate."""
+
+    def __init__(self):
+        self.seconds: dict[int, Ewma] = {}  # by verified draft tokens
+        self.acceptance = {True: Acceptance(SERVER_DECAY), False: Acceptance(SERVER_DECAY)}  # by greedy
+        self.chained = {True: Acceptance(SERVER_DECAY), False: Acceptance(SERVER_DECAY)}  # chained tokens, by greedy
+        self.by_length: dict[bool, dict[int, Acceptance]] = {True: {}, False: {}}  # matched tokens, by drafted match
+        self.plain_since_drafted = 0  # plain rounds server-wide since the last drafted one
+        self.wait = Ewma()  # what a round that asked the draft waited for its answer (round trip + drafting)
+
+    def observe(self, num_draft_tokens: int, num_accepted: int, round_s: float, greedy: bool = True,
+                num_chained: int = 0, drafted_matched: int = 0) -> None:
+        """num_chained: the block's last tokens, chained past the draft's match (`SpeculationPolicy.cut_block`);
+        timed with the block but judged apart, and only when the tokens before them were all accepted."""
+        self.plain_since_drafted = 0 if num_draft_tokens else self.plain_since_drafted + 1
+        if round_s > 0:
+            self.seconds.setdefault(num_draft_tokens, Ewma()).add(round_s)
+        matched, accepted = matched_part(num_draft_tokens, num_accepted, num_chained)
+        if matched:
+            self.acceptance[greedy].add(matched, accepted)
+            if drafted_matched:
+                self.by_length[greedy].setdefault(min(drafted_matched, LENGTH_BUCKETS), Acceptance(SERVER_DECAY)).add(
+                    matched, accepted)
+        if num_chained and num_accepted >= matched:
+            self.chained[greedy].add(num_chained, num_accepted - matched)
+
+    def observe_wait(self, wait_s: float) -> None:
+        self.wait.add(wait_s)
+
+    def line(self, drafted_only: bool = False) -> tuple[float, float] | None:
+        """(a, b) with T(k) = a + b k fitted to the measured block sizes (only k >= 1 when drafted_only),
+        or None before any round was timed."""
+        points = [(k, e.value) for k, e in self.seconds.items() if e.value is not None and (k or not drafted_only)]
+        if not points:
+            return None
+        if len(points) == 1:
+            k, t = points[0]
+            a = t / (1 + PRIOR_SLOPE * k)
+            return a, a * PRIOR_SLOPE
+        n = len(points)
+        mean_k = sum(k for k, _ in points) / n
+        mean_t = sum(t for _, t in points) / n
+        var = sum((k - mean_k) ** 2 for k, _ in points)
+        b = max(0.0, sum((k - mean_k) * (t - mean_t) for k, t in points) / var)
+        return max(mean_t - b * mean_k, 1e-9), b
+
+    def times(self, max_k: int) -> list[float] | None:
+        """The predicted wall time of a round that verifies k draft tokens, for k = 0..max_k; None before any
+        round was timed.
+
+        A plain step (k = 0) is its own measurement: a round with a block also waits for the draft and
+        pays the round trip to it, a fixed cost that a line through all block sizes would spread over
+        k, making blocks look cheaper than they are when the draft is far away. With rounds at two or
+        more block sizes measured, drafted rounds follow the measured curve: each size's own average
+        once it has MEASURED_AFTER rounds, linear between those, and along the drafted rounds' fitted
+        line's slope before the first and past the last; never falling as k grows, except at a size whose own
+        average was measured cheaper: a CPU's kernels can run a longer forward faster, and clamping that away
+        would hide the best block from the policy."""
+        through_all = self.line()
+        if through_all is None:
+            return None
+        plain = self.seconds.get(0)
+        t0 = plain.value if plain is not None and plain.value is not None else through_all[0]
+        drafted_sizes = sum(1 for n, e in self.seconds.items() if n and e.value is not None)
+        a, b = self.line(drafted_only=True) if drafted_sizes >= 2 else through_all
+        fitted = [a + b * k for k in range(max_k + 1)]
+        measured = {n: e.value for n, e in self.seconds.items()
+                    if n and e.value is not None and e.samples >= MEASURED_AFTER} if drafted_sizes >= 2 else {}
+        times = [t0]
+        for k in range(1, max_k + 1):
+            below = max((n for n in measured if n <= k), default=None)
+            above = min((n for n in measured if n >= k), default=None)
+            if below is not None and above is not None:
+                t = measured[below] if below == above else \
+                    measured[below] + (measured[above] - measured[below]) * (k - below) / (above - below)
+            elif below is not None:
+                t = measured[below] + b * (k - below)
+            elif above is not None:
+                t = measured[above] - b * (above - k)
+            else:
+                t = fitted[k]
+            times.append(t if k in measured or k == 1 else max(t, times[-1]))
+        return times
+
+    def optimistic(self, times: list[float] | None) -> list[float] | None:
+        """`times` (from times(max_k)) with the block size just past the timed ones predicted to cost no more than
+        the largest timed one, so that the policy tries it and learns its cost (at most one size past where
+        blocks stop paying). A CPU's curve has steps that a line through the sizes timed so far puts in the wrong
+        place, and nothing else would ever time them."""
+        timed = [n for n, e in self.seconds.items() if n and e.samples >= MEASURED_AFTER]
+        if times is None or not timed or max(timed) >= len(times) - 1:
+            return times
+        largest = max(timed)
+        return times[:largest + 1] + [min(times[largest + 1], times[largest])] + times[largest + 2:]
+
+    def hopeless(self, times: list[float] | None) -> bool:
+        """Whether blocks lose even when accepted whole: (k + 1) tokens per T(k) never beat 1 per T(0), for the
+        round times `times` (from times(max_k)). Judged only once enough drafted rounds were timed, and only for
+        MAX_COOLDOWN_ROUNDS plain rounds server-wide after the last drafted one: the verdict comes from old
+        drafted rounds (a draft's first, cold ones, say) and nothing else would ever re-time them, so a server
+        whose requests are shorter than the longest cool-down would never draft again."""
+        drafted = sum(e.samples for n, e in self.seconds.items() if n)
+        if times is None or drafted < HOPELESS_AFTER_ROUNDS or self.plain_since_drafted >= MAX_COOLDOWN_ROUNDS:
+            return False
+        return all((k + 1) / times[k] <= 1 / times[0] for k in range(1, len(times)))
+
+    def beat_plain(self, num_accepted: int, round_s: float) -> bool:
+        """Whether a drafted round emitted its tokens faster than plain steps would have."""
+        plain = self.time(0)
+        return plain is None or round_s <= (num_accepted + 1) * plain
+
+    def time(self, k: int) -> float | None:
+        """times(k)[k]: the predicted wall time of a round that verifies k draft tokens."""
+        times = self.times(k)
+        return None if times is None else times[k]
+
+
+@dataclasses.dataclass
+class Batch:
+    """The rest of the engine step a row's block would join (the vLLM engine verifies every row in one pass)."""
+
+    other_tokens: float  # tokens the step's other rows emit
+    base_s: float  # the step's time without this row's block
+    per_token_s: float  # what each draft token of the block adds to it
+    wait_s: float  # what waiting for draft blocks adds to it
+
+    def times(self, max_k: int) -> list[float]:
+        """The step's wall time with this row verifying k draft tokens, k = 0..max_k."""
+        return [self.base_s + (self.per_token_s * k + self.wait_s if k else 0.0) for k in range(max_k + 1)]
+
+
+class StepCost:
+    """Server-wide, for a batched engine: an engine step's time against the tokens it computes, T(n) = a + b n.
+
+    Fitted by least squares over decode-only steps (a prefill's tokens cost differently), their sums
+    fading by STEP_DECAY per step. Until the steps have spanned at least two token counts, the line runs
+    through the origin (b = T / n, every token as dear as the average one: the compute-bound worst
+    case), so an unmeasured batch does not draft on credit. The wait for the draft blocks, paid once by
+    a step that verifies any, is its own average.
+    """
+
+    def __init__(self):
+        self.sums = [0.0] * 5  # weight, n, t, n^2, n t
+        self.wait = Ewma()
+
+    def observe(self, num_tokens: int, forward_s: float) -> None:
+        """One decode-only step: the tokens it computed (rows + their draft tokens) and its time, draft wait excluded."""
+        if num_tokens <= 0 or forward_s <= 0:
+            return
+        sample = (1.0, num_tokens, forward_s, num_tokens * num_tokens, num_tokens * forward_s)
+        self.sums = [STEP_DECAY * total + x for total, x in zip(self.sums, sample)]
+
+    def observe_wait(self, wait_s: float) -> None:
+        self.wait.add(wait_s)
+
+    def line(self) -> tuple[float, float] | None:
+        """(a, b) with T(n) = a + b n; None before any step was observed."""
+        weight, n, t, nn, nt = self.sums
+        if weight <= 0:
+            return None
+        mean_n, mean_t = n / weight, t / weight
+        var = nn / weight - mean_n ** 2
+        b = max(0.0, (nt / weight - mean_n * mean_t) / var) if var > 0.25 else mean_t / mean_n
+        if mean_t - b * mean_n < 0:  # steeper than through the origin: noise; no token is dearer than the average
+            b = mean_t / mean_n
+        return mean_t - b * mean_n, b
+
+    def batch(self, step_tokens: int, other_tokens: float) -> Batch | None:
+        """What a row's block would join: a step computing `step_tokens` without it, whose other rows emit
+        `other_tokens`. None while the row is alone (other_tokens = 0) or no step was observed."""
+        line = self.line()
+        if line is None or other_tokens <= 0:
+            return None
+        a, b = line
+        return Batch(other_tokens, a + b * step_tokens, b, self.wait.value or 0.0)
+
+
+class SpeculationPolicy:
+    def __init__(self, default_k: int, max_k: int, requested_k: int | None = None, max_concurrency: int = 0,
+                 cost: RoundCost | None = None, greedy: bool = True, draft_sizes_blocks: bool = False,
+                 far_draft: str = "auto"):
+        self.max_k = max_k
+        self.fixed = requested_k is not None
+        self.k = min(max_k, default_k if requested_k is None else requested_k)
+        self.max_concurrency = max_concurrency
+        self.cost = cost if cost is not None else RoundCost()
+        self.greedy = greedy
+        self.draft_sizes_blocks = draft_sizes_blocks  # ask for max_k whenever drafting pays: the draft cuts it
+        self.far_draft = far_draft  # auto: step_while_drafting weighs it; wait / step: always that (--far-draft)
+        self.acceptance = Acceptance(DECAY)  # this request's
+        self.cooldown = 0  # plain rounds left before speculation is retried
+        self.next_cooldown = COOLDOWN_ROUNDS
+        self.probing = False
+        self.off_reason = ""
+        self.cut_times: list[float] | None = None  # round times to cut blocks on (None: verify what the draft matched)
+        self.cut_alpha: float | None = None  # the acceptance the round's k was chosen on (None: alpha())
+        self.cut_from = 0  # the matched length of the block last cut, as drafted: its round's evidence files under it
+
+    def alpha(self) -> float:
+        """This request's acceptance, with the server-wide one as a prior."""
+        return self.acceptance.value(prior=self.cost.acceptance[self.greedy].value())
+
+    def alpha_upper(self) -> float:
+        """alpha() plus EXPLORE_Z standard errors of this request's evidence."""
+        return self.acceptance.upper(prior=self.cost.acceptance[self.greedy].value())
+
+    def best_k(self, times: list[float] | None, other_tokens: float = 0.0, alpha: float | None = None) -> int:
+        """The k with the most expected tokens per second for the round times `times` (cost.times(max_k), or a
+        Batch's step times with the other rows emitting `other_tokens`); 0 when no block beats a plain step.
+        alpha: the acceptance to judge by (default alpha())."""
+        if times is None:
+            return self.k
+        alpha = min(self.alpha() if alpha is None else alpha, 0.999)
+        return max(range(self.max_k + 1), key=lambda k: ((expected_tokens(alpha, k) + other_tokens) / times[k], -k))
+
+    def probe_k(self, times: list[float] | None) -> int:
+        """The block a retry drafts: the one whose round is cheapest (PROBE_K before any round was timed). That
+        is k = 1 on most machines, but not on all: on a CPU where a forward over 2 tokens costs more than one
+        over 6, a retry of k = 1 would pay the most for the least evidence."""
+        if times is None:
+            return PROBE_K
+        return min(range(1, self.max_k + 1), key=lambda k: (times[k], k))
+
+    def block_size(self, remaining_tokens: int, remaining_context: int, live_sequences: int = 1,
+                   batch: Batch | None = None) -> int:
+        """k for the next round; 0 decodes without speculation."""
+        self.off_reason = ""
+        self.cut_times, self.cut_alpha = None, None
+        self.cut_from = 0
+        k = self.k
+        if not self.fixed:
+            if self.max_concurrency and live_sequences > self.max_concurrency:
+                self.off_reason = "load"
+                return 0
+            if self.cooldown > 0:
+                self.cooldown -= 1
+                self.off_reason = "not_paying"
+                self.probing = self.cooldown == 0
+                return 0
+            times = self.cost.times(self.max_k)  # the lines fitted once per round
+            optimistic = self.cost.optimistic(times)
+            k = self.probe_k(times) if self.probing else self.best_k(optimistic)
+            alpha = None  # judged by alpha(), unless the evidence is too thin to turn off on
+            hopeless = k == 0 and self.cost.hopeless(times)
+            if k == 0 and not hopeless:  # off only if still so half a standard error higher
+                alpha = self.alpha_upper()
+                k = self.best_k(optimistic, alpha=alpha)
+            if k and batch is not None:
+                step_k = self.best_k(batch.times(self.max_k), batch.other_tokens, alpha=alpha)
+                if step_k == 0:
+                    self.off_reason = "load"  # pays for this row, costs the others more: asked again next step
+                    return 0
+                k = k if self.probing else step_k
+            if k and self.draft_sizes_blocks and not self.probing:
+                k = self.max_k
+                self.cut_times, self.cut_alpha = optimistic, alpha
+            if k == 0:
+                if hopeless:
+                    self.next_cooldown = MAX_COOLDOWN_ROUNDS
+                self.cooldown = self.next_cooldown
+                self.next_cooldown = min(MAX_COOLDOWN_ROUNDS, self.next_cooldown * 2)
+                self.off_reason = "not_paying"
+        # A round emits k + 1 tokens at most: keep it within max_tokens and the context.
+        return max(0, min(k, remaining_tokens - 1, remaining_context - 1))
+
+    def step_while_drafting(self, k: int) -> bool:
+        """Whether the round should decode a plain step while the draft drafts (`DraftSession.prefetch`) instead of
+        waiting for the block: the next round then verifies the block after the step's token, if the draft's first
+        token was that one (probability alpha). Per the speedup model, a wait-and-verify round emits E(k) tokens in
+        T(k) (the measured round, the draft's wait W included), and a step followed by that round emits
+        1 + alpha E(k) tokens in max(T(0), W) + alpha (T(k) - W) (a draft slower than the step is waited for, for
+        the rest of its time, before its first token is judged). Only for a far draft (W over FAR_DRAFT_WAIT of a
+        plain step) and an adaptive k: near or fixed, the round waits as before. --far-draft wait / step: always
+        that."""
+        if self.far_draft != "auto":
+            return self.far_draft == "step" and k > 0
+        wait = self.cost.wait.value
+        if self.fixed or k <= 0 or wait is None:
+            return False
+        times = self.cost.times(self.max_k)
+        if times is None or wait < FAR_DRAFT_WAIT * times[0]:
+            return False
+        k = min(k, self.max_k)
+        alpha = min(self.alpha(), 0.999)
+        tokens = expected_tokens(alpha, k)
+        waiting = tokens / times[k]
+        stepping = (1 + alpha * tokens) / (max(times[0], wait) + alpha * max(times[k] - wait, times[0]))
+        return stepping > waiting
+
+    def observe_first_token(self, accepted: bool) -> None:
+        """A prefetched block's first token against the plain step's. A retry whose first token was wrong is over, as
+        one that came back empty. It is not counted in the acceptance: the step is a filter that costs nothing, and
+        the blocks it passes are the ones verified. Its misses fall where stepping was chosen, where acceptance is
+        low: counted, they would drag the server-wide prior down and turn speculation off for the next requests."""
+        if not accepted:
+            self.probing = False
+
+    def cut_block(self, num_tokens: int, num_chained: int) -> int:
+        """How many of a block's num_tokens to verify, its last num_chained chained past the draft's match: the n
+        from none up to all that emits the most expected tokens per second, where the matched tokens are accepted
+        with alpha each and a chained one, reached only past them all, with the server-wide acceptance of chained
+        tokens (`RoundCost.observe`). None (a plain step) where no prefix beats one: the draft's wait is paid, but a
+        block too short for its acceptance costs more to verify than it emits. Only in a round whose k the policy
+        chose (not at a fixed k, not in a retry): else the matched ones."""
+        matched, times = num_tokens - num_chained, self.cut_times
+        self.cut_from = matched
+        if times is None or not num_tokens:
+            return matched
+        alpha = min(self.alpha() if self.cut_alpha is None else self.cut_alpha, 0.999)
+        alike = self.cost.by_length[self.greedy].get(min(matched, LENGTH_BUCKETS))  # blocks matched as far
+        if alike is not None:
+            alpha = min(alike.upper(prior=alpha), 0.999)
+        alpha_chained = min(self.cost.chained[self.greedy].value(), 0.999)
+        sunk = self.cost.wait.value or 0.0  # the draft's answer is here: its wait is no longer a cost of verifying
+        longest = min(num_tokens, len(times) - 1)
+        tokens, reach = 1.0, 1.0  # expected tokens of a round verifying n; the chance all n were accepted
+        best, best_rate = 0, 1.0 / times[0]
+        for n in range(1, longest + 1):
+            reach *= alpha if n <= matched else alpha_chained
+            tokens += reach
+            rate = tokens / max(times[n] - sunk, 1e-9)
+            if rate > best_rate:
+                best, best_rate = n, rate
+        if alike is not None and best < matched:
+            alike.fade()
+        return best
+
+    def observe(self, num_draft_tokens: int, num_accepted: int, round_s: float, asked_k: int = 0,
+                num_chained: int = 0) -> None:
+        """Learn from a verified round: its draft size, accepted count and wall time. asked_k: the block the draft
+        was asked for (0: none); a retry that came back empty is over, and has not paid. num_chained: the block's
+        last tokens the draft chained past its match (judged apart: `RoundCost.observe`)."""
+        drafted_matched, self.cut_from = self.cut_from, 0
+        self.cost.observe(num_draft_tokens, num_accepted, round_s, self.greedy, num_chained, drafted_matched)
+        if not num_draft_tokens:
+            if asked_k:
+                self.probing = False
+            return
+        matched, accepted = matched_part(num_draft_tokens, num_accepted, num_chained)
+        if matched:
+            self.acceptance.add(matched, accepted)
+        if self.probing:
+            self.probing = False
+            if num_accepted and self.cost.beat_plain(num_accepted, round_s):
+                self.next_cooldown = COOLDOWN_ROUNDS  # the retry paid: back to short cool-downs

@@ -1,0 +1,216 @@
+"""One request's speculation: its draft session, its k policy, its statistics, and the one place a round is recorded.
+
+Both engines drive rounds differently (our loop for transformers, vLLM's batched steps), but
+each verified round goes through `RequestSpeculation.record`, which updates, in one place:
+the request's `SpeculationStats` (returned to the client), the vLLM-named Prometheus counters,
+the fallback count, the policy's observations (acceptance, round time), the draft-wait and
+forward-time histograms, and the request span's `round` event.
+
+Glossary (vLLM's conventions, vllm/v1/spec_decode/metrics.py):
+- a draft is one non-empty block of draft tokens verified in one round;
+- accepted tokens exclude the target's own token (correction or bonus) that every round emits;
+- mean accepted length = 1 + accepted / drafts, so it counts that token.
+
+A round whose block was asked of the draft but came back empty (the draft failed, timed out, or sent
+something unusable) is a plain step for the statistics, but not for the policy: its time includes the
+wait for the draft, which is the price of drafting, not of a plain step. The policy sees it as a block
+of the asked size with nothing accepted, so a draft too slow to answer in time turns speculation off
+instead of making plain steps look slow. Where the draft had nothing to propose (no n-gram match), the
+policy sees a plain step that was asked for (`SpeculationPolicy.observe`'s asked_k: a retry that
+found nothing is over), timed without the wait; so does a block the policy found too weak to verify
+(`SpeculationPolicy.cut_block`, fallback "weak_draft").
+
+A far draft (its answer takes a good share of a step: another host, a slow model) need not be waited
+for: where the speedup model says so (`SpeculationPolicy.step_while_drafting`, --far-draft), the round
+asks for the block and decodes a plain step meanwhile ("stepped"), and the next round verifies the
+block after the step's token if the draft's first token was that one (`DraftSession.prefetch`,
+`at_hand`). The plain step emits what plain decoding would; the block is then a valid draft for the
+tokens after it, so every choice stays lossless.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+
+from opentelemetry import trace
+
+from specdec.runtime import metrics
+from specdec.decoding.draft_block import DraftBlock
+from specdec.v1 import common_pb2
+from verifier_service.draft.client import DraftSession
+from verifier_service.speculation.policy import Batch, SpeculationPolicy
+
+
+@dataclasses.dataclass
+class SpeculationStats:
+    """Speculation statistics for one request; `to_proto` gives the wire's SpeculationStats."""
+
+    num_rounds: int = 0
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    num_fallback_rounds: int = 0
+    num_ahead_used: int = 0  # blocks drafted ahead and used: no round trip (pipelined drafting)
+    num_ahead_discarded: int = 0
+    num_stepped_rounds: int = 0  # plain steps decoded while a far draft drafted (fallback "stepped")
+    num_prefetched_used: int = 0  # blocks asked during such a step and verified after it: no round trip
+    accepted_per_position: list[int] = dataclasses.field(default_factory=list)
+
+    def add(self, num_draft_tokens: int, num_accepted: int) -> None:
+        self.num_rounds += 1
+        if not num_draft_tokens:
+            return
+        self.num_drafts += 1
+        self.num_draft_tokens += num_draft_tokens
+        self.num_accepted_tokens += num_accepted
+        if len(self.accepted_per_position) < num_draft_tokens:
+            self.accepted_per_position += [0] * (num_draft_tokens - len(self.accepted_per_position))
+        for position in range(num_accepted):
+            self.accepted_per_position[position] += 1
+
+    def to_proto(self) -> common_pb2.SpeculationStats:
+        return common_pb2.SpeculationStats(
+            num_drafts=self.num_drafts,
+            num_draft_tokens=self.num_draft_tokens,
+            num_accepted_tokens=self.num_accepted_tokens,
+            acceptance_rate=self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0,
+            mean_accepted_length=1 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 0.0,
+            accepted_per_position=self.accepted_per_position,
+            num_rounds=self.num_rounds,
+            num_fallback_rounds=self.num_fallback_rounds,
+            num_ahead_used=self.num_ahead_used,
+            num_ahead_discarded=self.num_ahead_discarded,
+            num_stepped_rounds=self.num_stepped_rounds,
+            num_prefetched_used=self.num_prefetched_used,
+        )
+
+
+@dataclasses.dataclass
+class Round:
+    """One verified round, as either engine measured it."""
+
+    num_draft_tokens: int  # k' verified (0: a plain step)
+    num_accepted: int  # draft tokens accepted, 0..k'
+    seconds: float  # wall time of the round: draft wait + transport + forward + decision
+    draft_wait_s: float | None = None  # time spent waiting for the block (None: not measured by this engine)
+    forward_s: float | None = None  # the target's forward pass (None: measured per engine step elsewhere)
+    fallback: str = ""  # why the round had no draft although the request speculates ("" otherwise)
+    target_token: int | None = None  # the target's own token (correction or bonus)
+    shared: bool = False  # the step verified other sequences too (vLLM): its time is the batch's, not this row's
+
+
+# Why a round has no block although the draft was asked for one (DraftSession.propose; "timeout": the
+# vLLM engine's step deadline, vllm_bridge)
+DRAFT_GAVE_NOTHING = frozenset({"failed", "unavailable", "closed", "timeout", "ahead_discarded", "ahead_invalid"})
+
+
+class RequestSpeculation:
+    """Per request: the draft session (None without a draft service), the policy and the statistics."""
+
+    def __init__(self, policy: SpeculationPolicy, draft: DraftSession | None, span: trace.Span | None = None,
+                 live_sequences: typing.Callable[[], int] = lambda: 1):
+        self.policy = policy
+        self.draft = draft
+        self.span = span if span is not None else trace.get_current_span()
+        self.live_sequences = live_sequences
+        self.stats = SpeculationStats()
+        self.block_came_ahead = False  # the last proposed block was drafted ahead, or asked during the last step
+        self.block_prefetched = False  # the last proposed block was asked during the last (plain) step
+        self.asked_k = 0  # the k the draft was last asked for (0: not asked)
+        self.block = DraftBlock.empty()  # the last block proposed, as cut for verification
+
+    def block_size(self, remaining_tokens: int, remaining_context: int, batch: Batch | None = None) -> int:
+        """k for the next round (0: a plain step); `batch`: the rest of the engine step the block would join."""
+        if self.draft is None:
+            return 0
+        return self.policy.block_size(remaining_tokens, remaining_context, self.live_sequences(), batch)
+
+    async def propose(self, tokens: list[int], k: int) -> tuple[DraftBlock, str]:
+        """Up to k draft tokens after `tokens`, and why the block is empty where it is ("" otherwise).
+
+        In order: the answer to the block asked during the last plain step, if it has arrived and fits the tokens
+        decoded since (no wait); else, where waiting for a far draft costs more than a plain step meanwhile
+        (`SpeculationPolicy.step_while_drafting`) and no block drafted ahead is here, ask without waiting and
+        decode a plain step ("stepped"); else ask and wait, as always."""
+        self.block_came_ahead = self.block_prefetched = False
+        self.asked_k = 0
+        self.block = DraftBlock.empty()
+        if self.draft is None or k == 0:
+            return self.block, self.policy.off_reason if self.draft is not None else ""
+        block, first_token_accepted = await self.draft.at_hand(tokens, k)
+        if first_token_accepted is not None:
+            self.policy.observe_first_token(first_token_accepted)
+        if block is not None:
+            self.block_came_ahead = self.block_prefetched = True
+            return self._verified(block, "")
+        if self.policy.step_while_drafting(k) and not self.draft.ahead_ready(tokens):
+            return self.block, await self.draft.prefetch(tokens, k) or "stepped"
+        self.asked_k = k
+        block, reason = await self.draft.propose(tokens, k)
+        self.block_came_ahead = block.ahead
+        return self._verified(block, reason)
+
+    def _verified(self, block: DraftBlock, reason: str) -> tuple[DraftBlock, str]:
+        """The block as it will be verified, and why it is empty where it is: only as far as the policy finds its
+        tokens pay (`SpeculationPolicy.cut_block`), so none of a block too weak to pay ("weak_draft")."""
+        self.block = block.cut(self.policy.cut_block(len(block.token_ids), block.num_chained))
+        return self.block, reason or ("weak_draft" if block.token_ids and not self.block.token_ids else "")
+
+    def record(self, round_: Round) -> None:
+        """The one place a verified round is counted: statistics, metrics, fallback, policy, trace."""
+        self.stats.add(round_.num_draft_tokens, round_.num_accepted)
+        metrics.record_round(round_.num_draft_tokens, round_.num_accepted)
+        if self.draft is not None:
+            self.draft.accepted(round_.num_accepted)
+            self.stats.num_ahead_used, self.stats.num_ahead_discarded = self.draft.ahead.used, self.draft.ahead.discarded
+            self.stats.num_prefetched_used = self.draft.ahead.prefetched["used"]
+            self.stats.num_stepped_rounds += round_.fallback == "stepped"
+            if round_.fallback:
+                self.stats.num_fallback_rounds += 1
+                metrics.FALLBACK_ROUNDS.labels(reason=round_.fallback).inc()
+        seconds = 0.0 if round_.shared else round_.seconds  # a shared step's time is for StepCost, not RoundCost
+        # this round's ask; reset, for the vLLM engine records a step's round before it asks for the next block
+        asked_k, self.asked_k = self.asked_k, 0
+        # of the verified tokens, those the draft chained (an engine that verifies fewer drops the last ones)
+        chained = self.block.cut(round_.num_draft_tokens).num_chained
+        if asked_k and not self.block_came_ahead and round_.draft_wait_s is not None:
+            self.policy.cost.observe_wait(round_.draft_wait_s)  # what asking costs when the answer is waited for
+        if not round_.num_draft_tokens and round_.fallback in DRAFT_GAVE_NOTHING and asked_k:
+            self.policy.observe(asked_k, 0, seconds)  # drafting's price, not a plain step's
+        elif not round_.num_draft_tokens and asked_k:
+            # asked, and nothing worth verifying came (no match, or a block too weak): a plain step after the wait;
+            # the wait is drafting's (`RoundCost.wait`), not a plain step's
+            wait = round_.draft_wait_s if round_.draft_wait_s is not None else 0.0
+            self.policy.observe(0, 0, max(seconds - wait, 0.0), asked_k=asked_k)
+        else:
+            self.policy.observe(round_.num_draft_tokens, round_.num_accepted, seconds, asked_k=asked_k,
+                                num_chained=chained)
+        if round_.forward_s is not None:
+            metrics.VERIFY_FORWARD_TIME.observe(round_.forward_s)
+        if round_.draft_wait_s is not None:
+            metrics.DRAFT_WAIT_TIME.observe(round_.draft_wait_s)
+        event: dict[str, typing.Any] = {"k": round_.num_draft_tokens, "accepted": round_.num_accepted,
+                                        "round_ms": round(round_.seconds * 1000, 3)}
+        if round_.target_token is not None:
+            event["target_token"] = round_.target_token
+        if round_.forward_s is not None:
+            event["forward_ms"] = round(round_.forward_s * 1000, 3)
+        if round_.draft_wait_s is not None:
+            event["draft_wait_ms"] = round(round_.draft_wait_s * 1000, 3)
+        if round_.num_draft_tokens:
+            event["ahead"] = self.block_came_ahead  # drafted ahead (no round trip) or on request
+            if self.block_prefetched:
+                event["prefetched"] = True  # asked during the plain step before: no wait either
+            if chained:
+                event["chained"] = chained  # the block's last tokens, chained past the draft's match
+        if round_.fallback:
+            event["fallback"] = round_.fallback
+        self.span.add_event("round", event)
+
+    def close(self, final_tokens: list[int] | None) -> None:
+        """End the draft stream, which frees the draft's copy of the sequence.
+
+        final_tokens: the whole finished sequence (prompt + output), or None after a cancel or failure."""
+        if self.draft is not None:
+            self.draft.close(final_tokens)
