@@ -49,7 +49,7 @@ run: setup model  ## start the three services on the real model, send a demo req
 	$(PY) tools/run_stack.py --model $(MODEL_DIR)
 
 lint: setup  ## ruff over the hand-written code
-	$(VENV)/bin/ruff check --select F,E,W --ignore E501 draft_service gateway verifier_service specdec tools bench tests
+	$(VENV)/bin/ruff check --select F,E,W --ignore E501 draft_service gateway verifier_service specdec devkit tools bench tests
 
 test: setup setup-vllm model proto-check lint  ## the whole suite (CI runs exactly this), two workers
 	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder
