@@ -17,6 +17,16 @@ JSON_BYTES_PER_CHAR = 12
 OVERHEAD_BYTES = 256 * 1024
 
 
+def replaying(body: dict, receive):
+    """An ASGI receive that gives the body message already read, then the connection's own messages."""
+    pending = [body]
+
+    async def replay():
+        return pending.pop() if pending else await receive()
+
+    return replay
+
+
 class BodyLimit:
     def __init__(self, app, max_bytes: int, why: str):
         self.app, self.max_bytes, self.why = app, max_bytes, why
@@ -42,14 +52,7 @@ class BodyLimit:
                 break
         body = {"type": "http.request", "body": b"".join(chunks), "more_body": False}
 
-        async def replay():
-            nonlocal body
-            if body is not None:
-                message, body = body, None
-                return message
-            return await receive()
-
-        await self.app(scope, replay, send)
+        await self.app(scope, replaying(body, receive), send)
 
     async def refuse(self, send, size: int) -> None:
         error = OpenAIError(413, f"the request body is {size:,} bytes or more, refused unread: {self.why} no "

@@ -14,6 +14,7 @@ import json
 import json.decoder
 import json.scanner
 
+from gateway.body_limit import replaying
 from gateway.openai_protocol import OpenAIError
 from gateway.prompt_tokens import Offload
 
@@ -124,14 +125,7 @@ class BodyShape:
             except BodyTooComplex as exc:
                 return await send_error(send, OpenAIError(exc.status, exc.message, code=exc.code))
 
-        async def replay():
-            nonlocal body
-            if body is not None:
-                message, body = body, None
-                return message
-            return await receive()
-
-        await self.app(scope, replay, send)
+        await self.app(scope, replaying(body, receive), send)
 
 
 async def send_error(send, error: OpenAIError) -> None:
