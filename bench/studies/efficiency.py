@@ -41,6 +41,7 @@ import json
 import os
 import pathlib
 import random
+import signal
 import sys
 import tempfile
 import time
@@ -516,6 +517,8 @@ def main(argv=None) -> int:
 
     args = build_parser().parse_args(argv)
     parse_lists(args)
+    # `timeout` (tools/gpu_check.sh) sends SIGTERM: leave through the finally blocks, which stop the services
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(124))
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("--device cuda was asked for, but torch sees no CUDA device")
     out = pathlib.Path(args.out)
