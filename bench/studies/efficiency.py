@@ -32,25 +32,30 @@ Writes OUT/efficiency.json, efficiency.md and efficiency.png (default bench/resu
 
 from __future__ import annotations
 
-import argparse
-import concurrent.futures
-import contextlib
-import dataclasses
-import datetime
-import json
 import os
-import pathlib
-import random
-import signal
-import sys
-import tempfile
-import time
 
-from bench.core import prom
-from bench.core.speedup_model import expected_tokens, rate_from_alpha, verify_cost, with_prefill
-from draft_service.replay import prompt_key, replayed_token, write_replay_file
-from specdec.config import ModelConfig, choices, model_dir
-from specdec.stack import Service, stop_all, wait_serving
+# OpenMP threads that spin while waiting starve the services on a shared CPU, and this process measures the verify
+# cost in-process: OpenMP reads the policy when torch loads, so it is set before anything here imports torch.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import argparse  # noqa: E402
+import concurrent.futures  # noqa: E402
+import contextlib  # noqa: E402
+import dataclasses  # noqa: E402
+import datetime  # noqa: E402
+import json  # noqa: E402
+import pathlib  # noqa: E402
+import random  # noqa: E402
+import signal  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+
+from bench.core import prom  # noqa: E402
+from bench.core.speedup_model import expected_tokens, rate_from_alpha, verify_cost, with_prefill  # noqa: E402
+from draft_service.replay import prompt_key, replayed_token, write_replay_file  # noqa: E402
+from specdec.config import ModelConfig, choices, model_dir  # noqa: E402
+from specdec.stack import Service, stop_all, wait_serving  # noqa: E402
 
 MODES = {"serial": ["--draft-ahead", "false"], "pipelined": ["--draft-ahead", "true"]}
 
@@ -122,7 +127,7 @@ def verify_curve(model, args, context: int, ns: list[int]) -> dict:
     if args.device == "cpu":
         if args.threads:
             torch.set_num_threads(args.threads)
-        return verify_cost.measure_for_run(model, context, ns, repeats=8, warmup=2)
+        return verify_cost.measure_for_run(model, context, ns, repeats=12, warmup=2)
     curve = verify_cost.measure(model, args.device, context, ns, repeats=10, warmup=3)
     return {"source": "measured in-process at the start of this run", "repeats": 10, **curve}
 
@@ -543,7 +548,7 @@ def main(argv=None) -> int:
             "params": sum(p.numel() for p in model.parameters()), "prompts": len(prompt_list),
             "prompt_tokens_mean": context - args.max_tokens // 2, "max_tokens": args.max_tokens,
             "repeats": args.repeats, "seed": args.seed,
-            "machine": machine_info(args.threads, "PASSIVE"), "verify_cost": curve_record,
+            "machine": machine_info(args.threads, os.environ.get("OMP_WAIT_POLICY", "default")), "verify_cost": curve_record,
             "replay_check": replay_acceptance_check(args.alphas_list, fixed or [4], sequences=60, length=200,
                                                     vocab_size=model.config.vocab_size, seed=args.seed),
             "rows": [], "anchor": [],
@@ -600,14 +605,14 @@ def markdown(result: dict) -> str:
     lines += ["", "Through the stack (speedup over off on the same verifier; times per round in ms; predicted = "
               "E(alpha^, k) (1 + rho_off) / (w/t1 + v(k+1) + rho), prefill kept; ideal = E / v(k+1)):", "",
               "| mode | streams | alpha | k | alpha^ | rate | speedup | predicted | measured/predicted | ideal | "
-              "t1 | forward | draft wait | transport | off transport |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+              "v(k+1) curve | forward/t1 stack | t1 | forward | draft wait | transport | off transport |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in result["rows"]:
         lines.append(
             f"| {r['mode']} | {r['concurrency']} | {r['alpha']} | {r['k']} | {_f(r['alpha_measured'], '.3f')} | "
             f"{_f(r['acceptance_rate'], '.3f')} | {r['speedup']:.3f}x | {_f(r.get('predicted'), '.3f', 'x')} | "
             f"**{_f(r.get('measured_over_predicted'), '.3f')}** | {_f(r.get('ideal'), '.3f', 'x')} | "
-            f"{r['t1_ms']:.1f} | {r['forward_ms']:.1f} | {r['draft_wait_ms']:.2f} | {r['transport_ms']:.2f} | "
+            f"{_f(r.get('v'), '.3f')} | {_f(r['forward_ratio'], '.3f')} | {r['t1_ms']:.1f} | {r['forward_ms']:.1f} | {r['draft_wait_ms']:.2f} | {r['transport_ms']:.2f} | "
             f"{r['off_transport_ms']:.2f} |")
     if result.get("anchor"):
         lines += ["", "Anchor: HF transformers' assisted generation in-process, the same replayed drafts:", "",
