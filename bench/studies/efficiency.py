@@ -12,8 +12,8 @@ probability 1 - alpha. So the surface can be measured at any alpha, with real we
 1. The services run as real processes: one replay draft, two verifiers (serial: --draft-ahead false; pipelined:
    the default), a gateway in front of each. Requests go through the gateways (GenerateStream, token ids).
 2. Record: each prompt's greedy continuation with speculation off (k = 0), written as the replay file.
-3. The verify-cost curve t(n)/t(1) of the same target, measured in-process before the sweep
-   (bench.studies.verify_cost; on a CPU with the linears prepacked, as the verifier runs them).
+3. The verify-cost curve t(n)/t(1) of the same target, measured in-process before and after the sweep, the two
+   averaged (bench.studies.verify_cost; on a CPU with the linears prepacked, as the verifier runs them).
 4. For each alpha: the draft restarts at that alpha (the verifiers stay up), then, --repeats times, every
    prompt (or every batch of --concurrency prompts) runs off and every k on both verifiers, the order
    rotating from turn to turn, so a slow spell of a shared machine falls on all of them.
@@ -339,13 +339,20 @@ def cell(mode: str, concurrency: int, alpha: float, k: int | None, turns: list[d
            "draft_wait_ms": round(mine["draft_wait_s"] * 1e3, 3), "transport_ms": round(mine["transport_s"] * 1e3, 3),
            "round_ms": round(mine["round_s"] * 1e3, 3), "off_round_ms": round(off["round_s"] * 1e3, 3),
            "off_transport_ms": round(off["transport_s"] * 1e3, 3), "prefill_share_off": round(off["prefill_share"], 3)}
-    if off["forward_s"] and drafts:
-        model_alpha = measured_alpha if measured_alpha is not None else alpha
-        model_k = k if k is not None else mean_block
-        row.update(predict(model_alpha, model_k, curve, off["forward_s"], mine["draft_wait_s"], mine["transport_s"],
-                           off["transport_s"], off["prefill_share"]))
-        row["measured_over_predicted"] = round(speedup / row["predicted"], 3)
-        row["measured_over_ideal"] = round(speedup / row["ideal"], 3)
+    return repredict(row, curve) if off["forward_s"] and drafts else row
+
+
+def repredict(row: dict, curve: dict[int, float] | None) -> dict:
+    """A row's prediction and ratios from its measured split and a verify-cost curve (alpha^ where k is fixed;
+    the set alpha and the mean block under the policy)."""
+    if not row["t1_ms"] or not row["drafts"]:
+        return row
+    alpha = row["alpha_measured"] if row["alpha_measured"] is not None else row["alpha"]
+    k = row["k"] if row["k"] != "policy" else row["mean_block"]
+    row.update(predict(alpha, k, curve, row["t1_ms"], row["draft_wait_ms"], row["transport_ms"],
+                       row["off_transport_ms"], row["prefill_share_off"]))
+    row["measured_over_predicted"] = round(row["speedup"] / row["predicted"], 3)
+    row["measured_over_ideal"] = round(row["speedup"] / row["ideal"], 3)
     return row
 
 
@@ -562,6 +569,14 @@ def main(argv=None) -> int:
             result["continuation_tokens"] = [len(c) for c in continuations]
             (out / "replay.jsonl").write_text(replay_path.read_text())
             sweep(args, stack, prompt_list, curve, result, out)
+        # the curve again now the services are stopped: the predictions use the mean of the two (a shared machine's
+        # load moves a single curve)
+        after = verify_curve(model, args, context, ns)
+        curve = {n: round((v + float(after["ratio"][str(n)])) / 2, 3) for n, v in curve.items()}
+        result["verify_cost"] = {**curve_record, "ratio": {str(n): v for n, v in curve.items()},
+                                 "before": curve_record, "after": after,
+                                 "statistic": "mean of the ratios measured before and after the sweep"}
+        result["rows"] = [repredict(row, curve) for row in result["rows"]]
         if args.anchor:
             k = 4 if 4 in fixed or not fixed else fixed[0]
             result["anchor"] = [anchor(model, prompt_list, args.max_tokens, alpha, k, args.seed)
