@@ -60,7 +60,7 @@ fi
 if step efficiency; then
   # shape, time limit (s), prompts, max tokens: what fits 8 minutes for both shapes on an H200
   if [ "$DEVICE" = cuda ]; then
-    shapes="qwen2.5-coder-1.5b:210:2:48 llama-8b:250:2:48"; dtype=bfloat16; streams=1,8
+    shapes="qwen2.5-coder-1.5b:200:2:32 llama-8b:260:2:32"; dtype=bfloat16; streams=1,8
   else
     shapes="llama-tiny:150:1:12 qwen2-tiny:150:1:12"; dtype=float32; streams=1,2
   fi

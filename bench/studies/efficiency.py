@@ -62,7 +62,7 @@ MODES = {"serial": ["--draft-ahead", "false"], "pipelined": ["--draft-ahead", "t
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    source = parser.add_mutually_exclusive_group(required=True)
+    source = parser.add_mutually_exclusive_group()
     source.add_argument("--model", type=model_dir, help="target model directory")
     source.add_argument("--config", help="a random-initialised target of this shape (bench.studies.verify_cost "
                                          "CONFIGS: llama-8b, qwen2.5-coder-1.5b, llama-tiny, qwen2-tiny)")
@@ -83,6 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="also HF transformers' assisted generation in-process with the same replayed drafts "
                              "(k = 4 or the first fixed k), against its own plain generate")
     parser.add_argument("--out", default="bench/results/efficiency", help="results folder")
+    parser.add_argument("--replot", metavar="DIR", help="only redraw DIR/efficiency.{md,png} from its JSON")
     return parser
 
 
@@ -533,7 +534,13 @@ def main(argv=None) -> int:
     from bench.core.machine import machine_info
     from specdec.models import load_tokenizer
 
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.replot:
+        write(json.loads((pathlib.Path(args.replot) / "efficiency.json").read_text()), pathlib.Path(args.replot))
+        return 0
+    if not (args.model or args.config):
+        parser.error("one of --model or --config is required")
     parse_lists(args)
     # `timeout` (tools/gpu_check.sh) sends SIGTERM: leave through the finally blocks, which stop the services
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(124))
@@ -602,7 +609,10 @@ def write(result: dict, out: pathlib.Path) -> None:
     (out / "efficiency.json").write_text(json.dumps(result, indent=1) + "\n")
     (out / "efficiency.md").write_text(markdown(result) + "\n")
     if result["rows"]:
-        plot(result, out / "efficiency.png")
+        try:
+            plot(result, out / "efficiency.png")
+        except ImportError as exc:  # a GPU host may have torch and transformers but not matplotlib
+            print(f"no plot: {exc}; `python -m bench efficiency --replot {out}` draws it where matplotlib is")
 
 
 def _f(value, spec: str = ".2f", suffix: str = "") -> str:
@@ -646,8 +656,8 @@ def markdown(result: dict) -> str:
 
 
 def plot(result: dict, path: pathlib.Path) -> None:
-    """A heatmap of measured/predicted per (alpha, k), one panel per (mode, streams), the measured speedup written
-    in each cell."""
+    """Heatmaps of measured/predicted per (alpha, k), one column per (mode, streams), the measured speedup written in
+    each cell: the top row with the in-process verify-cost curve, the bottom row with the stack's own forward."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -659,24 +669,28 @@ def plot(result: dict, path: pathlib.Path) -> None:
     panels = sorted({(r["mode"], r["concurrency"]) for r in rows}, key=lambda p: (p[1], p[0] != "serial"))
     alphas = sorted({r["alpha"] for r in rows})
     ks = list(dict.fromkeys(r["k"] for r in rows))
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.6), squeeze=False)
-    for ax, (mode, concurrency) in zip(axes[0], panels):
-        grid = [[next((r for r in rows if r["mode"] == mode and r["concurrency"] == concurrency and r["alpha"] == a
-                       and r["k"] == k), None) for k in ks] for a in alphas]
-        values = [[c["measured_over_predicted"] if c else float("nan") for c in line] for line in grid]
-        image = ax.imshow(values, cmap="RdYlGn", vmin=0.6, vmax=1.2, origin="lower")
-        for i, line in enumerate(grid):
-            for j, c in enumerate(line):
-                if c:
-                    ax.text(j, i, f"{c['measured_over_predicted']:.2f}\n({c['speedup']:.2f}x)", ha="center",
-                            va="center", fontsize=8)
-        ax.set_xticks(range(len(ks)), [str(k) for k in ks])
-        ax.set_yticks(range(len(alphas)), [str(a) for a in alphas])
-        ax.set_xlabel("k")
-        ax.set_ylabel("alpha (set)")
-        ax.set_title(f"{mode}, {concurrency} stream{'s' if concurrency > 1 else ''}", fontsize=10)
-    fig.colorbar(image, ax=axes[0].tolist(), shrink=0.8, label="measured / predicted")
-    fig.suptitle(f"measured/predicted (measured speedup): {result['target']}, {result['dtype']}, "
+    ratios = [("measured_over_predicted", "v(k+1) from the in-process curve"),
+              ("measured_over_predicted_stack", "v(k+1) = the stack's forward / t1")]
+    fig, axes = plt.subplots(2, len(panels), figsize=(3.9 * len(panels) + 1, 6.8), squeeze=False)
+    for row_index, (line_axes, (key, what)) in enumerate(zip(axes, ratios)):
+        for col, (ax, (mode, concurrency)) in enumerate(zip(line_axes, panels)):
+            grid = [[next((r for r in rows if r["mode"] == mode and r["concurrency"] == concurrency
+                           and r["alpha"] == a and r["k"] == k), None) for k in ks] for a in alphas]
+            values = [[c.get(key, float("nan")) if c else float("nan") for c in line] for line in grid]
+            image = ax.imshow(values, cmap="RdYlGn", vmin=0.6, vmax=1.2, origin="lower")
+            for i, line in enumerate(grid):
+                for j, c in enumerate(line):
+                    if c and c.get(key) is not None:
+                        ax.text(j, i, f"{c[key]:.2f}\n({c['speedup']:.2f}x)", ha="center", va="center", fontsize=8)
+            ax.set_xticks(range(len(ks)), [str(k) for k in ks])
+            ax.set_yticks(range(len(alphas)), [str(a) for a in alphas])
+            if row_index == len(ratios) - 1:
+                ax.set_xlabel("k")
+            if col == 0:
+                ax.set_ylabel(f"alpha (set)\n{what}", fontsize=8)
+            ax.set_title(f"{mode}, {concurrency} stream{'s' if concurrency > 1 else ''}", fontsize=10)
+    fig.colorbar(image, ax=axes.ravel().tolist(), shrink=0.8, label="measured / predicted")
+    fig.suptitle(f"measured/predicted (measured speedup over off): {result['target']}, {result['dtype']}, "
                  f"{result['device_name'] or result['machine']['cpu']}", fontsize=9)
     fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
