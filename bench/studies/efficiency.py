@@ -449,8 +449,8 @@ def anchor(model, prompt_list: list[list[int]], max_tokens: int, alpha: float, k
 
     plain_s = assisted_s = 0.0
     tokens = same = 0
+    run(prompt_list[0], None)  # warm-up
     for ids in prompt_list:
-        run(ids, None)  # warm-up
         plain, seconds = run(ids, None)
         plain_s += seconds
         assisted, seconds = run(ids, plain)
