@@ -17,7 +17,8 @@
 #
 # The GPU machine has torch and transformers but not our gRPC/OTel pins: those travel as wheels in .whl/
 # (see docs/gpu.md). Results land in --out, else $OUT, else $SPECDEC_GPU_OUT, else bench/results/gpu; keep them
-# under bench/results/gpu/. PYTHON picks the interpreter (default python3).
+# under bench/results/gpu/. PYTHON picks the interpreter (default python3); EFFICIENCY_DTYPE the GPU dtype
+# (default bfloat16; float32 where the rows show many rounds without a draft, see docs/gpu.md).
 set -u
 DEVICE=cuda
 STEPS=efficiency
@@ -60,7 +61,7 @@ fi
 if step efficiency; then
   # shape, time limit (s), prompts, max tokens: what fits 8 minutes for both shapes on an H200
   if [ "$DEVICE" = cuda ]; then
-    shapes="qwen2.5-coder-1.5b:200:2:32 llama-8b:260:2:32"; dtype=bfloat16; streams=1,8
+    shapes="qwen2.5-coder-1.5b:200:2:32 llama-8b:260:2:32"; dtype=${EFFICIENCY_DTYPE:-bfloat16}; streams=1,8
   else
     shapes="llama-tiny:150:1:12 qwen2-tiny:150:1:12"; dtype=float32; streams=1,2
   fi

@@ -340,6 +340,9 @@ def cell(mode: str, concurrency: int, alpha: float, k: int | None, turns: list[d
            "acceptance_rate_model": round(rate_from_alpha(alpha, fixed_k), 4),
            "mean_accepted_length": round(1 + accepted / drafts, 3) if drafts else None,
            "mean_block": round(mean_block, 2), "drafts": drafts, "rounds": mine["rounds"],
+           # rounds with no block: a request's last round (k cut to 0), or the draft had nothing: the target left
+           # the recording (bf16 near-ties can make its speculative output differ from the recorded plain one)
+           "rounds_without_draft": mine["rounds"] - drafts,
            "t1_ms": round(off["forward_s"] * 1e3, 3), "forward_ms": round(mine["forward_s"] * 1e3, 3),
            "forward_ratio": round(mine["forward_s"] / off["forward_s"], 3) if off["forward_s"] else None,
            "draft_wait_ms": round(mine["draft_wait_s"] * 1e3, 3), "transport_ms": round(mine["transport_s"] * 1e3, 3),
