@@ -15,6 +15,8 @@ STUDIES = {
     "advise": ("bench.replay.advise", "which draft and k pay for your prompts, from one plain run and the speedup model"),
     "verify-cost": ("bench.studies.verify_cost", "the target's verify-cost curve t(n)/t(1) on this machine"),
     "pipeline": ("bench.studies.pipeline", "pipelined vs serial drafting behind an injected round trip"),
+    "efficiency": ("bench.studies.efficiency", "measured speedup against the speedup model over alpha and k, with the "
+                                               "replay draft (a set acceptance)"),
     "load": ("bench.studies.load", "capacity under load over HTTP: TTFT, ITL, tok/s per request rate"),
     "concurrency": ("bench.studies.concurrency", "speedup against the number of concurrent streams"),
     "context": ("bench.studies.context", "speedup against the prompt length"),

@@ -8,6 +8,7 @@ import logging
 from draft_service.config import DraftConfig
 from draft_service.model_draft import ModelProposer
 from draft_service.ngram import NgramProposer
+from draft_service.replay import ReplayProposer
 from draft_service.server import DraftServicer
 from draft_service.suffix import SuffixConfig, SuffixProposer
 from specdec.runtime import config as specdec_config
@@ -30,6 +31,14 @@ def build_servicer(cfg: DraftConfig) -> DraftServicer:
         model = models.load_causal_lm(cfg.model, cfg.device, cfg.dtype)
         return DraftServicer(ModelProposer(model), models.describe(cfg.model, tokenizer, model), cfg)
     info = models.describe(cfg.model, tokenizer)
+    if cfg.method == "replay":
+        try:
+            proposer = ReplayProposer.from_file(cfg.replay_file, cfg.replay_acceptance, cfg.replay_seed, info.vocab_size)
+        except (OSError, ValueError) as exc:
+            raise models.ModelLoadError(f"--replay-file: cannot read the recorded continuations: {exc}") from exc
+        log.info("replay draft (benchmarks only): %d recorded continuations, alpha %g, independent per token",
+                 len(proposer.continuations), cfg.replay_acceptance)
+        return DraftServicer(proposer, info, cfg)
     if cfg.method == "suffix":
         suffix = SuffixConfig(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(SuffixConfig)})
         return DraftServicer(SuffixProposer(suffix), info, cfg)

@@ -5,17 +5,19 @@ from __future__ import annotations
 import dataclasses
 
 from draft_service.faults import FaultInjection
+from draft_service.replay import BenchmarkDrafts
 from draft_service.suffix import SuffixConfig
 from specdec.runtime.config import InternalServiceConfig, ModelConfig, option
 
 
 @dataclasses.dataclass(frozen=True)
-class DraftConfig(ModelConfig, SuffixConfig, FaultInjection, InternalServiceConfig):
+class DraftConfig(ModelConfig, SuffixConfig, FaultInjection, BenchmarkDrafts, InternalServiceConfig):
     """Draft proposer"""
 
     model: str = option("", "draft model dir (method=model), or the tokenizer dir the n-gram proposer reports")
     method: str = option("ngram", "proposer: a small causal LM, n-gram lookup in the request, or suffix decoding "
-                                  "over the request and earlier outputs", choices=["model", "ngram", "suffix"])
+                                  "over the request and earlier outputs (replay: a benchmarking tool, needs "
+                                  "--enable-benchmark-drafts)", choices=["model", "ngram", "suffix", "replay"])
     ngram_min: int = option(1, "shortest n-gram the lookup matches")
     ngram_max: int = option(4, "longest n-gram the lookup matches")
     max_sequences: int = option(256, "live sequences at most; more get RESOURCE_EXHAUSTED")
@@ -30,3 +32,4 @@ class DraftConfig(ModelConfig, SuffixConfig, FaultInjection, InternalServiceConf
     def __post_init__(self):
         SuffixConfig.__post_init__(self)
         FaultInjection.__post_init__(self)
+        BenchmarkDrafts.__post_init__(self)

@@ -34,23 +34,52 @@ CONFIGS = {
                        num_key_value_heads=2, vocab_size=512, max_position_embeddings=4096),
     "llama-8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
                      num_key_value_heads=8, vocab_size=128256, max_position_embeddings=8192, rope_theta=500000.0),
+    # Qwen2.5-Coder-1.5B's shape (biases on q, k, v; tied embeddings)
+    "qwen2.5-coder-1.5b": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
+                               num_key_value_heads=2, vocab_size=151936, max_position_embeddings=32768,
+                               rope_theta=1000000.0, tie_word_embeddings=True),
+    "qwen2-tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                       num_key_value_heads=2, vocab_size=640, max_position_embeddings=4096, tie_word_embeddings=True),
 }
+# The architecture of each shape (Llama unless named here)
+ARCHITECTURES = {"qwen2.5-coder-1.5b": "qwen2", "qwen2-tiny": "qwen2"}
 
 
 def build_random_model(name: str, device: str, dtype: str):
-    """A randomly initialised LlamaForCausalLM with the named shape, built directly on the device."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+    """A randomly initialised causal LM (Llama, or Qwen2 per ARCHITECTURES) with the named shape, built directly on
+    the device."""
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-    config = LlamaConfig(**CONFIGS[name])
+    config_type, model_type = ((Qwen2Config, Qwen2ForCausalLM) if ARCHITECTURES.get(name) == "qwen2"
+                               else (LlamaConfig, LlamaForCausalLM))
+    config = config_type(**CONFIGS[name], bos_token_id=1, eos_token_id=2)
     previous = torch.get_default_dtype()
     torch.set_default_dtype(DTYPES[dtype])
     try:
         with torch.device(device):
-            model = LlamaForCausalLM(config)
+            model = model_type(config)
     finally:
         torch.set_default_dtype(previous)
     use_sdpa_gqa(model)  # as models.load_causal_lm does
     return model.eval()
+
+
+def save_random_model(model, out_dir: str | pathlib.Path) -> pathlib.Path:
+    """Save a random-initialised model as a model directory the services load (no hub needed): its weights, and a
+    word-level tokenizer with one token per id ("<17>"), so every id the model can emit has a text."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    out_dir = pathlib.Path(out_dir)
+    vocab = {f"<{i}>": i for i in range(model.config.vocab_size)}
+    tokenizer = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<0>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    eos, bos = f"<{model.config.eos_token_id}>", f"<{model.config.bos_token_id}>"
+    PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token=eos, bos_token=bos, unk_token="<0>",
+                            pad_token="<0>").save_pretrained(out_dir)
+    model.generation_config.eos_token_id, model.generation_config.pad_token_id = model.config.eos_token_id, 0
+    model.save_pretrained(out_dir)
+    return out_dir
 
 
 def sync(device: str) -> None:
