@@ -105,6 +105,10 @@ class Round:
 DRAFT_GAVE_NOTHING = frozenset({"failed", "unavailable", "closed", "timeout", "ahead_discarded", "ahead_invalid"})
 
 
+# A round whose ask the draft answered (a block, maybe empty, maybe cut as too weak): its wait is the draft's pace
+DRAFT_ANSWERED = frozenset({"", "weak_draft"})
+
+
 class RequestSpeculation:
     """Per request: the draft session (None without a draft service), the policy and the statistics."""
 
@@ -187,7 +191,7 @@ class RequestSpeculation:
             self.policy.cost.observe_wait(round_.draft_wait_s)  # what asking costs when the answer is waited for
             if round_.fallback == "timeout":  # the draft takes longer than this wait: the next one is longer
                 self.draft.link.pace.timed_out(asked_k, round_.draft_wait_s, self.opening)
-            elif round_.fallback not in DRAFT_GAVE_NOTHING:
+            elif round_.fallback in DRAFT_ANSWERED:
                 self.draft.link.pace.observe(asked_k, round_.draft_wait_s, self.opening)
         if not round_.num_draft_tokens and round_.fallback in DRAFT_GAVE_NOTHING and asked_k:
             self.policy.observe(asked_k, 0, seconds)  # drafting's price, not a plain step's

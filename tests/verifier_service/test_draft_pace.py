@@ -192,3 +192,27 @@ def test_a_hung_draft_costs_a_bounded_number_of_waits(pair):
     print(f"figure: hung draft: {elapsed:.2f} s for 60 tokens ({60 * STEP_S:.2f} s of plain steps), {waits:.0f} waits")
     assert tokens == plain
     assert waits <= PATIENCE + 2, "waiting on a draft that never answers must cost a bounded number of waits"
+
+
+def test_only_an_answer_teaches_the_pace():
+    """A round that asked during the link's back-off (no stream, no wait), or whose draft failed, says nothing of
+    how long the draft takes: the pace learns from answered rounds, and from timeouts as a lower bound."""
+    from specdec.v1 import common_pb2
+    from verifier_service.speculation import Round
+
+    async def scenario():
+        link = DraftLink("127.0.0.1:1", ServerConfig(), common_pb2.ModelInfo(vocab_size=10), timeout_s=0.2)
+        speculation = RequestSpeculation(SpeculationPolicy(4, 8), link.session("r", SamplingParams()))
+        for fallback, wait in (("backoff", 1e-5), ("failed", 0.01), ("unavailable", 0.01)):
+            speculation.asked_k = 4
+            speculation.record(Round(0, 0, 0.1, draft_wait_s=wait, fallback=fallback))
+        assert link.pace.predicted(4) is None
+        speculation.asked_k = 4
+        speculation.record(Round(4, 2, 0.5, draft_wait_s=0.3))
+        assert link.pace.predicted(4) == pytest.approx(0.3)
+        speculation.asked_k = 4
+        speculation.record(Round(0, 0, 1.1, draft_wait_s=1.0, fallback="timeout"))
+        assert link.pace.predicted(4) == pytest.approx(2.0)
+        await link.close()
+
+    asyncio.run(asyncio.wait_for(scenario(), 30))
