@@ -400,7 +400,7 @@ def load_from_gguf(gguf_path: pathlib.Path, timings: dict[str, float] | None = N
 
     folder, name = str(gguf_path.parent), gguf_path.name
     t1 = time.perf_counter()
-    _log("loading the tokenizer from the GGUF (SmolLM2: seconds; a 151k-token vocabulary: minutes on 2 cores)...")
+    _log("loading the tokenizer from the GGUF (converted from its vocabulary: a large one takes a while)...")
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
     t2 = time.perf_counter()
     _log(f"  tokenizer loaded in {t2 - t1:.1f} s")

@@ -54,9 +54,10 @@ class DraftPace:
             return
         if opening:
             before = self.predicted(k)
-            if before is not None:
-                self.opening.add(max(0.0, wait_s - before))
+            if before is not None and wait_s >= before:
+                self.opening.add(wait_s - before)
                 return
+            # faster than predicted even while reading the prompt: the block alone takes no longer than this
         self.seconds.setdefault(k, Ewma()).add(wait_s)
 
     def timed_out(self, k: int, waited_s: float, opening: bool = False) -> None:

@@ -61,6 +61,14 @@ def test_a_timeout_grows_the_estimate_and_the_first_round_of_a_stream_is_learnt_
     assert pace.predicted(4) == pytest.approx(1.0) and pace.predicted(4, opening=True) == pytest.approx(3.0)
     pace.timed_out(4, 4.0, opening=True)
     assert pace.predicted(4) == pytest.approx(1.0) and pace.predicted(4, opening=True) == pytest.approx(8.0)
+    pace = DraftPace()
+    pace.timed_out(4, 1.0)  # a first estimate from a timeout (2 s) ...
+    pace.observe(4, 1.2, opening=True)  # ... and a first round faster than that, prompt and all
+    assert pace.predicted(4) < 2.0 and pace.opening.value is None, "an estimate grown by a timeout comes down"
+    pace = DraftPace()
+    pace.observe(4, 1.0)
+    pace.observe(4, 3.0, opening=True)
+    pace.timed_out(4, 4.0, opening=True)
     # a stream's first round may wait longer than the cap: the prompt is read once per request
     assert pace.wait_s(4, floor_s=0.1, cap_s=1.0, opening=True) > 1.0 >= pace.wait_s(4, floor_s=0.1, cap_s=1.0)
 
