@@ -89,7 +89,8 @@ def main(argv=None) -> int:
                                           "vs_off": round(result["tok_s"] / plain["tok_s"], 3),
                                           **{k: v for k, v in result.items() if k != "tokens"}}), flush=True)
             log = "".join(path.read_text() for path in log_dir.glob("verifier_service-*.log"))
-            print(f"verifier log: {log.count('no block within')} timed-out rounds, "
+            timeouts = log.count("no block within") + log.count("TimeoutError")  # this code's message, and before
+            print(f"verifier log: {timeouts} timed-out rounds, "
                   f"{log.count('decoding without the draft')} rounds without the draft", flush=True)
     print("greedy output identical to k = 0 on every run" if identical else "OUTPUT DIFFERS", flush=True)
     return 0 if identical else 1
