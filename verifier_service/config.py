@@ -23,7 +23,9 @@ class VerifierConfig(ModelConfig, InternalServiceConfig):
     spec_max_concurrency: int = option(
         0, "adaptive requests decode without speculation while more sequences than this are live (0: no cap; the "
            "vLLM engine charges each block to the batched step it joins either way)")
-    draft_timeout_ms: float = option(1000.0, "a round waits this long for its draft block, then decodes without it")
+    draft_timeout_ms: float = option(
+        1000.0, "a round waits at least this long for its draft block, then decodes without it; a draft measured "
+                "slower is waited for as long as its block can pay (twice its measured answer time)")
     draft_ahead: bool = option(True, "pipelined drafting: the draft drafts the next block while this one is verified "
                                      "and sends it ahead; a round whose outcome it assumed waits for no round trip")
     far_draft: str = option(

@@ -26,6 +26,7 @@ from specdec.runtime.config import ServerConfig
 from specdec.decoding.draft_block import DraftBlock
 from specdec.decoding.sampling import SamplingParams, to_proto
 from specdec.v1 import common_pb2, draft_pb2, draft_pb2_grpc
+from verifier_service.draft.pace import DraftPace
 from verifier_service.draft.stream import AheadCounts, ProposeStream, StreamEnded
 
 log = logging.getLogger(__name__)
@@ -76,23 +77,42 @@ class DraftIncompatible(RuntimeError):
     """The draft's tokenizer differs from the target's; the message says what differs."""
 
 
+# A draft that timed out this many rounds in a row is not asked for a while that grows with each further timeout
+PATIENCE = 3
+# ... up to this many times the wait each timeout cost: waiting on a draft that never answers then costs at most
+# about 1 / WAITS_SKIPPED of the time, however long its waits
+WAITS_SKIPPED = 64
+
+
 class Backoff:
-    """Exponential back-off between reconnection attempts, shared by all sequences."""
+    """Exponential back-off between reconnection attempts, shared by all sequences.
+
+    A failure backs off from initial_s, doubling up to maximum_s: a draft that restarts is asked again soon.
+    A draft that times out PATIENCE rounds in a row (hung, or slower than any wait that pays) is not asked
+    for 2, 4, 8, ... times the last wait, up to WAITS_SKIPPED times it: the rounds decode plainly meanwhile,
+    and each retry costs one more wait. Any answer resets both."""
 
     def __init__(self, initial_s: float = 0.25, maximum_s: float = 5.0):
         self.initial_s, self.maximum_s = initial_s, maximum_s
         self.delay_s = 0.0
         self.retry_at = 0.0
+        self.timeouts = 0  # rounds timed out in a row
 
     def ready(self) -> bool:
         return time.monotonic() >= self.retry_at
 
-    def failed(self) -> None:
+    def failed(self, waited_s: float = 0.0) -> None:
+        """A draft call failed; waited_s > 0: it timed out after waiting that long."""
         self.delay_s = min(self.maximum_s, max(self.initial_s, self.delay_s * 2))
+        if waited_s > 0:
+            self.timeouts += 1
+            if self.timeouts >= PATIENCE:
+                self.delay_s = max(self.delay_s, waited_s * min(2 ** (self.timeouts - PATIENCE + 1), WAITS_SKIPPED))
         self.retry_at = time.monotonic() + self.delay_s
 
     def succeeded(self) -> None:
         self.delay_s, self.retry_at = 0.0, 0.0
+        self.timeouts = 0
 
 
 class DraftLink:
@@ -105,6 +125,7 @@ class DraftLink:
         self.channel = grpc_server.open_channel(address, server_config)
         self.stub = draft_pb2_grpc.DraftServiceStub(self.channel)
         self.backoff = Backoff()
+        self.pace = DraftPace()  # the draft's measured answer time: how long a round waits for it
         self.checked = False  # tokenizer compatibility verified on this channel
         self.method = ""
         self.max_k = 0  # the largest block the draft serves (GetDraftInfo); 0: not reported
@@ -164,11 +185,12 @@ class DraftLink:
             raise DraftUnavailable(f"cannot open a draft stream: {exc!r}") from exc
         return call
 
-    def failed(self, exc: BaseException | None = None) -> None:
-        """A draft call failed. Back off (every sequence) unless the draft only refused this one request."""
+    def failed(self, exc: BaseException | None = None, waited_s: float = 0.0) -> None:
+        """A draft call failed (waited_s: a round's wait for a block that did not come). Back off (every sequence)
+        unless the draft only refused this one request."""
         if isinstance(exc, grpc.aio.AioRpcError) and exc.code() in REQUEST_ERRORS:
             return
-        self.backoff.failed()
+        self.backoff.failed(waited_s if isinstance(exc, asyncio.TimeoutError) else 0.0)
         self.checked = False  # whatever answers after a failure may be another draft: check its tokenizer again
 
     async def close(self) -> None:
@@ -213,8 +235,10 @@ class DraftSession:
         self.synced = len(tokens)
         return ""
 
-    async def propose(self, tokens: list[int], k: int) -> tuple[DraftBlock, str]:
-        """A block of up to k tokens after `tokens`, or an empty one and the reason it is empty."""
+    async def propose(self, tokens: list[int], k: int, wait_s: float | None = None) -> tuple[DraftBlock, str]:
+        """A block of up to k tokens after `tokens`, or an empty one and the reason it is empty ("timeout": no
+        answer within wait_s, by default the link's timeout)."""
+        wait_s = self.link.timeout_s if wait_s is None else wait_s
         reason = await self._ensure_stream(tokens)
         if reason:
             return DraftBlock.empty(), reason
@@ -224,9 +248,9 @@ class DraftSession:
         stream = self.stream
         try:
             response, ahead = await asyncio.wait_for(
-                stream.next_block(self.synced, tokens[self.synced:], k), self.link.timeout_s)
+                stream.next_block(self.synced, tokens[self.synced:], k), wait_s)
         except STREAM_ERRORS as exc:
-            return DraftBlock.empty(), self._round_failed(stream, exc)
+            return DraftBlock.empty(), self._round_failed(stream, exc, wait_s)
         self.synced = len(tokens)
         if response.answered_ahead:  # the draft answered with a block sent ahead, which was discarded here
             return DraftBlock.empty(), "ahead_discarded"
@@ -263,20 +287,22 @@ class DraftSession:
         self.prefetched = (round_, len(tokens), k)
         return ""
 
-    async def at_hand(self, tokens: list[int], k: int) -> tuple[DraftBlock | None, bool | None]:
+    async def at_hand(self, tokens: list[int], k: int,
+                      wait_s: float | None = None) -> tuple[DraftBlock | None, bool | None]:
         """The answer to the last prefetch, as a block of up to k tokens after `tokens`, if the tokens decoded since
         it was asked are its first ones (it was drafted after tokens[:base]; the block is what follows tokens[base:]
         in it). A draft slower than the plain step is waited for here, for what is left of its time. (block or
         None, whether its first token was the target's: None when nothing was judged). A block is never used
-        after tokens it did not assume."""
+        after tokens it did not assume. wait_s: how long the answer may take (default: the link's timeout)."""
         if self.prefetched is None or self.stream is None:
             return None, None
         (round_, base, asked), self.prefetched = self.prefetched, None
         stream = self.stream
+        wait_s = self.link.timeout_s if wait_s is None else wait_s
         try:
-            response = await asyncio.wait_for(stream.answer(round_), self.link.timeout_s)
+            response = await asyncio.wait_for(stream.answer(round_), wait_s)
         except STREAM_ERRORS as exc:
-            self._round_failed(stream, exc)
+            self._round_failed(stream, exc, wait_s)
             return None, None
         proposed, decoded = list(response.token_ids), tokens[base:]
         if not decoded or not proposed:
@@ -300,12 +326,16 @@ class DraftSession:
         self.link.backoff.succeeded()
         return block, True
 
-    def _round_failed(self, stream: ProposeStream, exc: BaseException) -> str:
+    def _round_failed(self, stream: ProposeStream, exc: BaseException, waited_s: float = 0.0) -> str:
         """A call on `stream` raised: "closed" if the sequence ended (and closed its stream) meanwhile; else back
-        off and end the stream ("failed"), so the next round opens a new one."""
+        off and end the stream ("timeout" after waited_s without an answer, else "failed"), so the next round opens
+        a new one."""
         if self.stream is not stream:
             return "closed"
-        self.link.failed(exc)
+        self.link.failed(exc, waited_s)
+        if isinstance(exc, asyncio.TimeoutError):
+            self._give_up(f"no block within {waited_s * 1000:.0f} ms")
+            return "timeout"
         return self._give_up(f"draft round failed: {exc!r}")[1]
 
     def _give_up(self, why: str) -> tuple[DraftBlock, str]:

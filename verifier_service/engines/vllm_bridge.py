@@ -95,9 +95,13 @@ class StepDrafter:
                 jobs.append((row, sequence, token_ids[row, :length].tolist(), k))
         waited_s = 0.0
         if jobs:
+            # each row waits as long as its draft's measured pace asks (RequestSpeculation.draft_wait_s), the flag
+            # being the floor; the step gives them all that, and a second more for the transport
+            waits = [sequence.speculation.draft_wait_s(k, sequence.speculation.draft.stream is None)
+                     for _row, sequence, _tokens, k in jobs]
             future = asyncio.run_coroutine_threadsafe(self._propose_all(jobs), self.loop)
             try:
-                results = future.result(self.timeout_s + 1.0)
+                results = future.result(max([self.timeout_s, *waits]) + 1.0)
             except TimeoutError:
                 future.cancel()
                 results = [([], "timeout")] * len(jobs)

@@ -73,6 +73,7 @@ behind the rules").
 from __future__ import annotations
 
 import dataclasses
+import typing
 
 from specdec.decoding.speedup import expected_tokens
 
@@ -92,6 +93,23 @@ EXPLORE_Z = 0.5  # standard errors added to the acceptance before speculation is
 # A block's matched tokens are judged by the server-wide acceptance of blocks whose match was as long, up to this
 LENGTH_BUCKETS = 8
 FAR_DRAFT_WAIT = 0.05  # a draft whose answer takes less than this share of a plain step is near: always wait for it
+
+
+def with_draft_pace(cost: RoundCost, times: list[float] | None, pace: typing.Any) -> list[float] | None:
+    """`times` (from cost.times(max_k)) where a block size not yet timed costs at least a plain step plus the draft's
+    predicted answer time for it (pace: `verifier_service.draft.pace.DraftPace`). Without it, an untimed size is priced on the prior
+    slope, as if drafting were free: a slow model draft would then be asked for blocks that take several steps to
+    arrive. Timed sizes keep their measured cost, which holds the draft's wait as it was paid (or hidden by drafting
+    ahead)."""
+    if times is None or pace is None:
+        return times
+    adjusted = list(times)
+    for k in range(1, len(times)):
+        timed = cost.seconds.get(k)
+        predicted = pace.predicted(k)
+        if predicted is not None and (timed is None or timed.samples < MEASURED_AFTER):
+            adjusted[k] = max(times[k], times[0] + predicted)
+    return adjusted
 
 
 def judged(num_draft_tokens: int, num_accepted: int) -> int:
@@ -371,8 +389,9 @@ class SpeculationPolicy:
         return min(range(1, self.max_k + 1), key=lambda k: (times[k], k))
 
     def block_size(self, remaining_tokens: int, remaining_context: int, live_sequences: int = 1,
-                   batch: Batch | None = None) -> int:
-        """k for the next round; 0 decodes without speculation."""
+                   batch: Batch | None = None, pace: typing.Any = None) -> int:
+        """k for the next round; 0 decodes without speculation. pace: the draft's measured answer time by block
+        size (`verifier_service.draft.pace.DraftPace`), if any."""
         self.off_reason = ""
         self.cut_times, self.cut_alpha = None, None
         self.cut_from = 0
@@ -387,7 +406,8 @@ class SpeculationPolicy:
                 self.probing = self.cooldown == 0
                 return 0
             times = self.cost.times(self.max_k)  # the lines fitted once per round
-            optimistic = self.cost.optimistic(times)
+            optimistic = with_draft_pace(self.cost, self.cost.optimistic(times), pace)
+            times = with_draft_pace(self.cost, times, pace)
             k = self.probe_k(times) if self.probing else self.best_k(optimistic)
             alpha = None  # judged by alpha(), unless the evidence is too thin to turn off on
             hopeless = k == 0 and self.cost.hopeless(times)
@@ -411,6 +431,12 @@ class SpeculationPolicy:
                 self.off_reason = "not_paying"
         # A round emits k + 1 tokens at most: keep it within max_tokens and the context.
         return max(0, min(k, remaining_tokens - 1, remaining_context - 1))
+
+    def draft_wait_cap(self, k: int) -> float | None:
+        """The longest wait for a block of k that could still pay: k plain steps (a round that waits W and verifies
+        emits at most k + 1 tokens in W plus at least one step). None before a plain step was timed."""
+        plain = self.cost.time(0)
+        return None if plain is None or k <= 0 else k * plain
 
     def step_while_drafting(self, k: int) -> bool:
         """Whether the round should decode a plain step while the draft drafts (`DraftSession.prefetch`) instead of

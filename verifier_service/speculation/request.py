@@ -105,6 +105,10 @@ class Round:
 DRAFT_GAVE_NOTHING = frozenset({"failed", "unavailable", "closed", "timeout", "ahead_discarded", "ahead_invalid"})
 
 
+# A round whose ask the draft answered (a block, maybe empty, maybe cut as too weak): its wait is the draft's pace
+DRAFT_ANSWERED = frozenset({"", "weak_draft"})
+
+
 class RequestSpeculation:
     """Per request: the draft session (None without a draft service), the policy and the statistics."""
 
@@ -119,12 +123,20 @@ class RequestSpeculation:
         self.block_prefetched = False  # the last proposed block was asked during the last (plain) step
         self.asked_k = 0  # the k the draft was last asked for (0: not asked)
         self.block = DraftBlock.empty()  # the last block proposed, as cut for verification
+        self.opening = False  # the last ask opened the draft stream (the draft read the prompt before drafting)
 
     def block_size(self, remaining_tokens: int, remaining_context: int, batch: Batch | None = None) -> int:
         """k for the next round (0: a plain step); `batch`: the rest of the engine step the block would join."""
         if self.draft is None:
             return 0
-        return self.policy.block_size(remaining_tokens, remaining_context, self.live_sequences(), batch)
+        return self.policy.block_size(remaining_tokens, remaining_context, self.live_sequences(), batch,
+                                      self.draft.link.pace)
+
+    def draft_wait_s(self, k: int, opening: bool = False) -> float:
+        """How long this round waits for a block of k: the draft's measured pace, within the flag's floor and the
+        wait a block of k can pay for (`verifier_service.draft.pace.DraftPace.wait_s`)."""
+        link = self.draft.link
+        return link.pace.wait_s(k, link.timeout_s, self.policy.draft_wait_cap(k), opening)
 
     async def propose(self, tokens: list[int], k: int) -> tuple[DraftBlock, str]:
         """Up to k draft tokens after `tokens`, and why the block is empty where it is ("" otherwise).
@@ -138,7 +150,7 @@ class RequestSpeculation:
         self.block = DraftBlock.empty()
         if self.draft is None or k == 0:
             return self.block, self.policy.off_reason if self.draft is not None else ""
-        block, first_token_accepted = await self.draft.at_hand(tokens, k)
+        block, first_token_accepted = await self.draft.at_hand(tokens, k, self.draft_wait_s(k))
         if first_token_accepted is not None:
             self.policy.observe_first_token(first_token_accepted)
         if block is not None:
@@ -147,7 +159,8 @@ class RequestSpeculation:
         if self.policy.step_while_drafting(k) and not self.draft.ahead_ready(tokens):
             return self.block, await self.draft.prefetch(tokens, k) or "stepped"
         self.asked_k = k
-        block, reason = await self.draft.propose(tokens, k)
+        self.opening = self.draft.stream is None
+        block, reason = await self.draft.propose(tokens, k, self.draft_wait_s(k, self.opening))
         self.block_came_ahead = block.ahead
         return self._verified(block, reason)
 
@@ -176,6 +189,10 @@ class RequestSpeculation:
         chained = self.block.cut(round_.num_draft_tokens).num_chained
         if asked_k and not self.block_came_ahead and round_.draft_wait_s is not None:
             self.policy.cost.observe_wait(round_.draft_wait_s)  # what asking costs when the answer is waited for
+            if round_.fallback == "timeout":  # the draft takes longer than this wait: the next one is longer
+                self.draft.link.pace.timed_out(asked_k, round_.draft_wait_s, self.opening)
+            elif round_.fallback in DRAFT_ANSWERED:
+                self.draft.link.pace.observe(asked_k, round_.draft_wait_s, self.opening)
         if not round_.num_draft_tokens and round_.fallback in DRAFT_GAVE_NOTHING and asked_k:
             self.policy.observe(asked_k, 0, seconds)  # drafting's price, not a plain step's
         elif not round_.num_draft_tokens and asked_k:

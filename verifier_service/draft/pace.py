@@ -1,0 +1,86 @@
+"""How long the draft takes to answer a round, measured, and so how long a round waits for it.
+
+A model draft on a CPU may take longer to draft a block than a fixed timeout allows; waiting a fixed
+time then fails every round, and the draft is never used. So the wait follows the draft:
+- the draft's answer time is learnt server-wide for each block size asked (k), from rounds that waited
+  for their answer; a size not asked yet is predicted from the nearest ones, never cheaper than a
+  smaller size nor cheaper per token than a larger one (a draft's block costs a fixed part plus a
+  part per token, so both bounds hold);
+- the first round of a stream also waits while the draft reads the prompt: its extra time is learnt
+  apart (`opening`), so that one long prompt does not make every later round wait longer;
+- a round that timed out is evidence too: the draft takes longer than that round waited, so the
+  estimate grows to GROW times the wait (and the next round waits SLACK times that);
+- the round's wait is SLACK times the prediction, at least --draft-timeout-ms (the floor) and at most
+  the policy's cap: a block of k that arrives later than k plain steps loses even when accepted whole
+  (`SpeculationPolicy.draft_wait_cap`). The flag is a floor, not a cap: it is what an unmeasured draft, or
+  a fast one that stopped answering, costs; a slow draft measured to pay must still be waited for.
+"""
+
+from __future__ import annotations
+
+from verifier_service.speculation.policy import Ewma
+
+SLACK = 2.0  # a round waits this many times the predicted answer time
+GROW = 2.0  # after a timeout, the draft is predicted to take this many times the wait that was too short
+OPENING_ROUNDS = 4.0  # a stream's first round may wait this many times the cap more, while the draft reads the prompt
+
+
+class DraftPace:
+    """Server-wide: the draft's answer time by block size, and the wait a round gives it."""
+
+    def __init__(self):
+        self.seconds: dict[int, Ewma] = {}  # by block size asked
+        self.opening = Ewma()  # a stream's first round: the answer time above predicted(k) (reading the prompt)
+
+    def predicted(self, k: int, opening: bool = False) -> float | None:
+        """The predicted answer time of a block of k (on a new stream: `opening`); None before any answer was timed."""
+        known = {n: e.value for n, e in self.seconds.items() if e.value is not None}
+        if not known or k <= 0:
+            return None
+        below = max((n for n in known if n <= k), default=None)
+        above = min((n for n in known if n >= k), default=None)
+        if below is not None and above is not None:
+            t = known[below] if below == above else \
+                known[below] + (known[above] - known[below]) * (k - below) / (above - below)
+        elif below is not None:  # past the largest size timed: at its cost per token
+            t = known[below] * k / below
+        else:  # before the smallest: at its cost
+            t = known[above]
+        return t + (self.opening.value or 0.0 if opening else 0.0)
+
+    def observe(self, k: int, wait_s: float, opening: bool = False) -> None:
+        """A round asked for k tokens and its answer came after wait_s."""
+        if k <= 0 or wait_s <= 0:
+            return
+        if opening:
+            before = self.predicted(k)
+            if before is not None and wait_s >= before:
+                self.opening.add(wait_s - before)
+                return
+            # faster than predicted even while reading the prompt: the block alone takes no longer than this
+        self.seconds.setdefault(k, Ewma()).add(wait_s)
+
+    def timed_out(self, k: int, waited_s: float, opening: bool = False) -> None:
+        """A round asked for k tokens and had no answer after waited_s: the draft takes longer than that."""
+        if k <= 0 or waited_s <= 0:
+            return
+        floor = GROW * waited_s
+        before = self.predicted(k)
+        if opening and before is not None:
+            self.opening.value = max(self.opening.value or 0.0, floor - before)
+            return
+        estimate = self.seconds.setdefault(k, Ewma())
+        estimate.value = max(estimate.value or 0.0, floor)
+        estimate.samples += 1
+
+    def wait_s(self, k: int, floor_s: float, cap_s: float | None, opening: bool = False) -> float:
+        """How long a round asking for k tokens waits: SLACK times the prediction, within [floor_s, cap_s] (cap_s
+        None: the target's step is not timed yet, and the draft's prediction alone decides). A stream's first
+        round may wait OPENING_ROUNDS times the cap more, while the draft reads the prompt."""
+        predicted = self.predicted(k, opening)
+        if predicted is None:
+            return floor_s
+        wait = SLACK * predicted
+        if cap_s is not None:
+            wait = min(wait, cap_s + (OPENING_ROUNDS * cap_s if opening else 0.0))
+        return max(floor_s, wait)
