@@ -330,7 +330,7 @@ class StepCost:
         b = max(0.0, (nt / weight - mean_n * mean_t) / var) if var > 0.25 else mean_t / mean_n
         if mean_t - b * mean_n < 0:  # steeper than through the origin: noise; no token is dearer than the average
             b = mean_t / mean_n
-        return mean_t - b * mean_n, b
+        return max(0.0, mean_t - b * mean_n), b  # through the origin, round-off can leave -1e-19
 
     def batch(self, step_tokens: int, other_tokens: float) -> Batch | None:
         """What a row's block would join: a step computing `step_tokens` without it, whose other rows emit

@@ -390,6 +390,16 @@ def test_one_batch_size_seen_charges_every_token_the_average():
     assert a == pytest.approx(0.0) and b == pytest.approx((0.05 + 0.08) / 8)
 
 
+def test_a_line_through_the_origin_never_has_a_negative_base():
+    """Steps of one size whose time does not divide evenly: a + b n through the origin leaves round-off, not < 0."""
+    for tokens, seconds in [(3, 0.1), (7, 0.3), (6, 0.7), (9, 0.11)]:
+        cost = StepCost()
+        for _ in range(7):
+            cost.observe(tokens, seconds)
+        a, b = cost.line()
+        assert a >= 0.0 and b * tokens == pytest.approx(seconds)
+
+
 def test_a_row_alone_in_its_step_is_judged_by_its_own_rounds():
     assert step_cost(0.05, 0.01).batch(step_tokens=1, other_tokens=0) is None
 
