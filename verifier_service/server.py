@@ -10,7 +10,7 @@ import grpc
 from opentelemetry import trace
 
 from specdec.runtime import metrics
-from specdec.decoding.grammar import GrammarCompiler, GrammarError, SequenceGrammar, constraint_set
+from specdec.decoding.grammar import GrammarBusy, GrammarCompiler, GrammarError, SequenceGrammar, constraint_set
 from specdec.decoding.sampling import SamplingParams
 from specdec.v1 import common_pb2, verifier_pb2, verifier_pb2_grpc
 from verifier_service.config import VerifierConfig
@@ -102,6 +102,8 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServiceServicer):
             compiled = await self._grammar_compiler.compile(constraint)
         except GrammarError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        except GrammarBusy as exc:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
         return await asyncio.to_thread(self._grammar_compiler.matcher, compiled, constraint)
 
     def _speculation(self, spec: DecodeSpec) -> RequestSpeculation:

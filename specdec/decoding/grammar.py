@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import concurrent.futures
 import hashlib
 import json
 import re
@@ -26,6 +27,9 @@ MAX_CONSTRAINT_BYTES = 64 * 1024
 # xgrammar's errors start with a time and its C++ source line ("[18:54:12] /project/cpp/x.cc:83: "): not for users.
 XGRAMMAR_LOG_PREFIX = re.compile(r"^\[[\d:]+\] \S+:\d+: ")
 CONTROL = re.compile("[\x00-\x1f]")
+# Compiles waiting or running at most; past this a new constraint is refused as busy (retry later). Compiles
+# run one at a time on their own thread, so they never take more than one core from the model.
+MAX_PENDING_COMPILES = 4
 # Compiled grammars kept, most recently used first.
 CACHE_ENTRIES = 256
 
@@ -64,6 +68,10 @@ class GrammarError(ValueError):
     """The constraint is invalid (maps to INVALID_ARGUMENT / HTTP 400); the message names the problem."""
 
 
+class GrammarBusy(RuntimeError):
+    """Too many constraints are compiling (maps to RESOURCE_EXHAUSTED / HTTP 429): retry shortly."""
+
+
 def constraint_set(constraint: common_pb2.Constraint | None) -> bool:
     return constraint is not None and constraint.WhichOneof("kind") is not None
 
@@ -99,10 +107,23 @@ class GrammarCompiler:
         self._control_tokens: frozenset[int] | None = None  # built at the first JSON constraint
         self._cache: collections.OrderedDict[str, object] = collections.OrderedDict()
         self._lock = threading.Lock()
+        self._thread = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar-compile")
+        self._pending = 0
 
     async def compile(self, constraint: common_pb2.Constraint):
-        """The compiled grammar, from the cache or compiled on a worker thread (the event loop keeps serving)."""
-        return await asyncio.to_thread(self.compile_now, constraint)
+        """The compiled grammar: from the cache at once, else compiled on the compile thread (the event loop
+        keeps serving). Raises GrammarError for a bad constraint, GrammarBusy when the compile queue is full."""
+        with self._lock:
+            cached = self._cache.get(constraint_key(constraint)) if constraint.WhichOneof("kind") else None
+        if cached is not None:
+            return cached
+        if self._pending >= MAX_PENDING_COMPILES:
+            raise GrammarBusy(f"{self._pending} constraints are compiling already; retry shortly")
+        self._pending += 1
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._thread, self.compile_now, constraint)
+        finally:
+            self._pending -= 1
 
     def compile_now(self, constraint: common_pb2.Constraint):
         kind = constraint.WhichOneof("kind")

@@ -59,3 +59,24 @@ def test_walk_cuts_at_the_first_forbidden_token_and_commit_rolls_back(compiler, 
     assert grammar.walk([letter]) == 0
     grammar.commit(num_accepted=0, next_token=digits[1])
     assert grammar.matcher.accept_token(digits[0])  # still inside the regex: three digits taken so far
+
+
+def test_compiles_past_the_queue_bound_are_refused_as_busy(compiler, monkeypatch):
+    import threading
+
+    from specdec.decoding import grammar as grammar_module
+
+    release = threading.Event()
+    real = compiler.compile_now
+    monkeypatch.setattr(compiler, "compile_now", lambda c: (release.wait(10), real(c))[1])
+
+    async def storm():
+        tasks = [asyncio.ensure_future(compiler.compile(common_pb2.Constraint(regex=f"x{i}")))
+                 for i in range(grammar_module.MAX_PENDING_COMPILES + 2)]
+        await asyncio.sleep(0.1)
+        release.set()
+        return await asyncio.gather(*tasks, return_exceptions=True)
+
+    results = asyncio.run(storm())
+    busy = [r for r in results if isinstance(r, grammar_module.GrammarBusy)]
+    assert len(busy) == 2 and all(not isinstance(r, Exception) for r in results if r not in busy)
