@@ -20,6 +20,7 @@ Gateway contract's field, so a bad value is a 400 here and never a failure later
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 import time
 import typing
@@ -44,7 +45,7 @@ NEUTRAL_VALUES: dict[str, tuple] = {
     "n": (1,), "best_of": (1,), "echo": (False,), "logprobs": (False,), "top_logprobs": (0,),
     "presence_penalty": (0,), "frequency_penalty": (0,), "repetition_penalty": (1,), "min_p": (0,),
     "logit_bias": ({},), "tools": ([],), "tool_choice": ("none",), "parallel_tool_calls": (False,),
-    "response_format": ({"type": "text"},), "suffix": ("",), "min_tokens": (0,), "ignore_eos": (False,),
+    "suffix": ("",), "min_tokens": (0,), "ignore_eos": (False,),
     "stop_token_ids": ([],), "include_stop_str_in_output": (False,), "skip_special_tokens": (True,),
     "store": (False,),
 }
@@ -97,7 +98,9 @@ HTTP_OF_GRPC = {
 # Request fields that validation messages start with, as the OpenAI request names them.
 PARAM_OF_FIELD = {"prompt": "prompt", "prompt_token_ids": "prompt", "max_tokens": "max_tokens",
                   "temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "seed": "seed", "stop": "stop",
-                  "num_speculative_tokens": "num_speculative_tokens"}
+                  "num_speculative_tokens": "num_speculative_tokens",
+                  **{f"constraint.{kind}": "response_format"
+                     for kind in ("json_schema", "json_object", "regex", "choice", "grammar")}}
 
 
 def error_from_grpc(code: grpc.StatusCode, message: str, chat: bool) -> OpenAIError:
@@ -146,6 +149,32 @@ class ChatMessage(_Strict):
         return self.content if isinstance(self.content, str) else "".join(part.text for part in self.content)
 
 
+class JsonSchemaFormat(_Strict):
+    """OpenAI's response_format.json_schema."""
+
+    name: Text
+    description: Text | None = None
+    schema_: dict | None = Field(None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Strict):
+    """OpenAI's response_format: text (no constraint), any JSON object, or JSON by a schema."""
+
+    type: typing.Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+class StructuredOutputs(_Strict):
+    """vLLM's extra body field structured_outputs: exactly one of these."""
+
+    json_: dict | Text | None = Field(None, alias="json")  # `json` would shadow BaseModel.json
+    json_object: bool | None = None
+    regex: Text | None = None
+    choice: list[Text] | None = None
+    grammar: Text | None = None
+
+
 class _Sampling(BaseModel):
     """What both endpoints take. Unknown fields land in model_extra and are checked by unsupported()."""
 
@@ -163,6 +192,9 @@ class _Sampling(BaseModel):
     top_k: Int32 | None = None
     num_speculative_tokens: int | None = Field(None, ge=0, le=UINT32_MAX)
     return_token_ids: bool = False
+    # structured outputs: OpenAI's field, and vLLM's extra body field
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputs | None = None
 
     def include_usage(self) -> bool:
         return bool(self.stream and self.stream_options and self.stream_options.include_usage)
@@ -177,8 +209,9 @@ class CompletionRequest(_Sampling):
     prompt: Text | list[Text] | list[Int32] | list[list[Int32]]
 
 
-REQUEST_MODELS = (ChatCompletionRequest, CompletionRequest, ChatMessage, TextPart, StreamOptions)
-FIELD_NAMES = frozenset(name for model in REQUEST_MODELS for name in model.model_fields)
+REQUEST_MODELS = (ChatCompletionRequest, CompletionRequest, ChatMessage, TextPart, StreamOptions, ResponseFormat,
+                  JsonSchemaFormat, StructuredOutputs)
+FIELD_NAMES = frozenset(field.alias or name for model in REQUEST_MODELS for name, field in model.model_fields.items())
 
 
 def error_from_validation(errors: list[dict]) -> OpenAIError:
@@ -280,6 +313,42 @@ def completion_prompt(body: CompletionRequest) -> str | list[int]:
     return prompt
 
 
+def constraint_of(body: _Sampling) -> common_pb2.Constraint | None:
+    """The Constraint that response_format or structured_outputs asks for (None: unconstrained). Only the
+    shape is checked here; whether the schema, regex or grammar compiles is the verifier's answer (a 400)."""
+    formats = body.response_format
+    wanted = body.structured_outputs
+    if formats is not None and formats.type == "text":
+        formats = None
+    if formats is not None and wanted is not None:
+        raise OpenAIError(400, "response_format and structured_outputs both ask for a constraint; send one",
+                          "structured_outputs")
+    if formats is not None:
+        if formats.type == "json_object":
+            return common_pb2.Constraint(json_object=True)
+        spec = formats.json_schema
+        if spec is None or spec.schema_ is None:
+            raise OpenAIError(400, "response_format.json_schema.schema is required with type json_schema",
+                              "response_format")
+        return common_pb2.Constraint(json_schema=json.dumps(spec.schema_), strict=bool(spec.strict))
+    if wanted is None:
+        return None
+    names = {field.alias or name: name for name, field in StructuredOutputs.model_fields.items()}
+    kinds = [alias for alias, name in names.items() if getattr(wanted, name) not in (None, False)]
+    if len(kinds) != 1:
+        raise OpenAIError(400, f"structured_outputs must set exactly one of {', '.join(names)}"
+                               f" (it sets {', '.join(kinds) or 'none'})", "structured_outputs")
+    kind = kinds[0]
+    if kind == "json":
+        schema = wanted.json_
+        return common_pb2.Constraint(json_schema=schema if isinstance(schema, str) else json.dumps(schema))
+    if kind == "json_object":
+        return common_pb2.Constraint(json_object=True)
+    if kind == "choice":
+        return common_pb2.Constraint(choice=common_pb2.Choices(values=wanted.choice))
+    return common_pb2.Constraint(**{kind: getattr(wanted, kind)})
+
+
 def generate_request(body: _Sampling, prompt: str | list[int]) -> gateway_pb2.GenerateRequest:
     """The Gateway contract's request for this body: the same checks and defaults as the gRPC door from here on."""
     request = gateway_pb2.GenerateRequest(
@@ -297,6 +366,9 @@ def generate_request(body: _Sampling, prompt: str | list[int]) -> gateway_pb2.Ge
         request.seed = body.seed
     if body.num_speculative_tokens is not None:
         request.num_speculative_tokens = body.num_speculative_tokens
+    constraint = constraint_of(body)
+    if constraint is not None:
+        request.constraint.CopyFrom(constraint)
     return request
 
 

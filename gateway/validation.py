@@ -106,6 +106,8 @@ def check_generate_request(request: gateway_pb2.GenerateRequest, prompt_ids: lis
         raise InvalidRequest("; ".join(problems))
     decode = verifier_pb2.DecodeRequest(prompt_token_ids=prompt_ids, sampling=sampling.to_proto(params),
                                         max_tokens=max_tokens, stop=list(request.stop))
+    if request.HasField("constraint"):
+        decode.constraint.CopyFrom(request.constraint)  # compiled and checked by the verifier, against its tokenizer
     if request.HasField("num_speculative_tokens"):
         decode.num_speculative_tokens = request.num_speculative_tokens
     elif default_k >= 0:

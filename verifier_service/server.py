@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 
@@ -9,6 +10,7 @@ import grpc
 from opentelemetry import trace
 
 from specdec.runtime import metrics
+from specdec.decoding.grammar import GrammarBusy, GrammarCompiler, GrammarError, SequenceGrammar, constraint_set
 from specdec.decoding.sampling import SamplingParams
 from specdec.v1 import common_pb2, verifier_pb2, verifier_pb2_grpc
 from verifier_service.config import VerifierConfig
@@ -34,6 +36,7 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServiceServicer):
         self.config = config
         self.draft = draft
         self.sequences = SequenceRegistry(config.max_sequences, config.max_cache_tokens, config.sequence_ttl_s)
+        self._grammar_compiler: GrammarCompiler | None = None  # built at the first constraint
         self.round_cost = RoundCost()  # round time against block size, and acceptance: shared by every request
 
     async def GetModelInfo(self, request, context):
@@ -51,6 +54,8 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServiceServicer):
                                         self.config.max_speculative_tokens)
         except InvalidRequest as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        if constraint_set(request.constraint):
+            spec.grammar = await self._grammar(request.constraint, context)
         try:
             key, live = self.sequences.admit(spec.request_id, len(spec.prompt_ids) + spec.max_tokens)
         except CapacityExceeded as exc:
@@ -83,6 +88,23 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServiceServicer):
                 await rounds.aclose()
             except RuntimeError:  # cancelled mid-round: the generator's own finally frees them
                 pass
+
+    async def _grammar(self, constraint: common_pb2.Constraint, context) -> SequenceGrammar:
+        """The request's grammar matcher; the constraint compiles off the event loop, once per distinct one."""
+        if not getattr(self.engine, "takes_constraints", False):
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, (
+                f"constraint: the {self.engine.name} engine does not support structured outputs yet; "
+                "use the transformers engine (--engine transformers) or send the request without a constraint"))
+        if self._grammar_compiler is None:
+            self._grammar_compiler = GrammarCompiler(self.tokenizer, self.engine.vocab_size,
+                                                     list(self.info.eos_token_ids))
+        try:
+            compiled = await self._grammar_compiler.compile(constraint)
+        except GrammarError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        except GrammarBusy as exc:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
+        return await asyncio.to_thread(self._grammar_compiler.matcher, compiled, constraint)
 
     def _speculation(self, spec: DecodeSpec) -> RequestSpeculation:
         """The request's draft session (none without a draft service) and its k policy."""

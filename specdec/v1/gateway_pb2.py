@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from specdec.v1 import common_pb2 as specdec_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18specdec/v1/gateway.proto\x12\nspecdec.v1\x1a\x17specdec/v1/common.proto\"\x9e\x02\n\x0fGenerateRequest\x12\x10\n\x06prompt\x18\x01 \x01(\tH\x00\x12\x30\n\x10prompt_token_ids\x18\x02 \x01(\x0b\x32\x14.specdec.v1.TokenIdsH\x00\x12\x12\n\nmax_tokens\x18\x03 \x01(\r\x12\x13\n\x0btemperature\x18\x04 \x01(\x02\x12\x12\n\x05top_p\x18\x05 \x01(\x02H\x01\x88\x01\x01\x12\r\n\x05top_k\x18\x06 \x01(\x05\x12\x11\n\x04seed\x18\x07 \x01(\x04H\x02\x88\x01\x01\x12\x0c\n\x04stop\x18\x08 \x03(\t\x12#\n\x16num_speculative_tokens\x18\t \x01(\rH\x03\x88\x01\x01\x42\x07\n\x05inputB\x08\n\x06_top_pB\x07\n\x05_seedB\x19\n\x17_num_speculative_tokens\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\x05\"\xcf\x01\n\x10GenerateResponse\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12/\n\rfinish_reason\x18\x03 \x01(\x0e\x32\x18.specdec.v1.FinishReason\x12 \n\x05usage\x18\x04 \x01(\x0b\x32\x11.specdec.v1.Usage\x12\x31\n\x0bspeculation\x18\x05 \x01(\x0b\x32\x1c.specdec.v1.SpeculationStats\x12\x14\n\x0cmatched_stop\x18\x06 \x01(\t2\x9f\x01\n\x07Gateway\x12\x45\n\x08Generate\x12\x1b.specdec.v1.GenerateRequest\x1a\x1c.specdec.v1.GenerateResponse\x12M\n\x0eGenerateStream\x12\x1b.specdec.v1.GenerateRequest\x1a\x1c.specdec.v1.GenerateResponse0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18specdec/v1/gateway.proto\x12\nspecdec.v1\x1a\x17specdec/v1/common.proto\"\xca\x02\n\x0fGenerateRequest\x12\x10\n\x06prompt\x18\x01 \x01(\tH\x00\x12\x30\n\x10prompt_token_ids\x18\x02 \x01(\x0b\x32\x14.specdec.v1.TokenIdsH\x00\x12\x12\n\nmax_tokens\x18\x03 \x01(\r\x12\x13\n\x0btemperature\x18\x04 \x01(\x02\x12\x12\n\x05top_p\x18\x05 \x01(\x02H\x01\x88\x01\x01\x12\r\n\x05top_k\x18\x06 \x01(\x05\x12\x11\n\x04seed\x18\x07 \x01(\x04H\x02\x88\x01\x01\x12\x0c\n\x04stop\x18\x08 \x03(\t\x12#\n\x16num_speculative_tokens\x18\t \x01(\rH\x03\x88\x01\x01\x12*\n\nconstraint\x18\n \x01(\x0b\x32\x16.specdec.v1.ConstraintB\x07\n\x05inputB\x08\n\x06_top_pB\x07\n\x05_seedB\x19\n\x17_num_speculative_tokens\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\x05\"\xcf\x01\n\x10GenerateResponse\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12/\n\rfinish_reason\x18\x03 \x01(\x0e\x32\x18.specdec.v1.FinishReason\x12 \n\x05usage\x18\x04 \x01(\x0b\x32\x11.specdec.v1.Usage\x12\x31\n\x0bspeculation\x18\x05 \x01(\x0b\x32\x1c.specdec.v1.SpeculationStats\x12\x14\n\x0cmatched_stop\x18\x06 \x01(\t2\x9f\x01\n\x07Gateway\x12\x45\n\x08Generate\x12\x1b.specdec.v1.GenerateRequest\x1a\x1c.specdec.v1.GenerateResponse\x12M\n\x0eGenerateStream\x12\x1b.specdec.v1.GenerateRequest\x1a\x1c.specdec.v1.GenerateResponse0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,11 +33,11 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'specdec.v1.gateway_pb2', _g
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_GENERATEREQUEST']._serialized_start=66
-  _globals['_GENERATEREQUEST']._serialized_end=352
-  _globals['_TOKENIDS']._serialized_start=354
-  _globals['_TOKENIDS']._serialized_end=377
-  _globals['_GENERATERESPONSE']._serialized_start=380
-  _globals['_GENERATERESPONSE']._serialized_end=587
-  _globals['_GATEWAY']._serialized_start=590
-  _globals['_GATEWAY']._serialized_end=749
+  _globals['_GENERATEREQUEST']._serialized_end=396
+  _globals['_TOKENIDS']._serialized_start=398
+  _globals['_TOKENIDS']._serialized_end=421
+  _globals['_GENERATERESPONSE']._serialized_start=424
+  _globals['_GENERATERESPONSE']._serialized_end=631
+  _globals['_GATEWAY']._serialized_start=634
+  _globals['_GATEWAY']._serialized_end=793
 # @@protoc_insertion_point(module_scope)

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from specdec.v1 import common_pb2 as specdec_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19specdec/v1/verifier.proto\x12\nspecdec.v1\x1a\x17specdec/v1/common.proto\"\xfc\x01\n\rDecodeRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\x05\x12,\n\x08sampling\x18\x03 \x01(\x0b\x32\x1a.specdec.v1.SamplingParams\x12\x12\n\nmax_tokens\x18\x04 \x01(\r\x12\x0c\n\x04stop\x18\x05 \x03(\t\x12#\n\x16num_speculative_tokens\x18\x06 \x01(\rH\x00\x88\x01\x01\x12\x0e\n\x06tenant\x18\x07 \x01(\t\x12\x1d\n\x15tokenizer_fingerprint\x18\x08 \x01(\tB\x19\n\x17_num_speculative_tokens\"\xbf\x01\n\x0e\x44\x65\x63odeResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12/\n\rfinish_reason\x18\x02 \x01(\x0e\x32\x18.specdec.v1.FinishReason\x12\x14\n\x0cmatched_stop\x18\x03 \x01(\t\x12\x31\n\x0bspeculation\x18\x04 \x01(\x0b\x32\x1c.specdec.v1.SpeculationStats\x12 \n\x05usage\x18\x05 \x01(\x0b\x32\x11.specdec.v1.Usage\"\x15\n\x13GetModelInfoRequest\";\n\x14GetModelInfoResponse\x12#\n\x04info\x18\x01 \x01(\x0b\x32\x15.specdec.v1.ModelInfo2\xa7\x01\n\x0fVerifierService\x12\x41\n\x06\x44\x65\x63ode\x12\x19.specdec.v1.DecodeRequest\x1a\x1a.specdec.v1.DecodeResponse0\x01\x12Q\n\x0cGetModelInfo\x12\x1f.specdec.v1.GetModelInfoRequest\x1a .specdec.v1.GetModelInfoResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19specdec/v1/verifier.proto\x12\nspecdec.v1\x1a\x17specdec/v1/common.proto\"\xa8\x02\n\rDecodeRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\x05\x12,\n\x08sampling\x18\x03 \x01(\x0b\x32\x1a.specdec.v1.SamplingParams\x12\x12\n\nmax_tokens\x18\x04 \x01(\r\x12\x0c\n\x04stop\x18\x05 \x03(\t\x12#\n\x16num_speculative_tokens\x18\x06 \x01(\rH\x00\x88\x01\x01\x12\x0e\n\x06tenant\x18\x07 \x01(\t\x12\x1d\n\x15tokenizer_fingerprint\x18\x08 \x01(\t\x12*\n\nconstraint\x18\t \x01(\x0b\x32\x16.specdec.v1.ConstraintB\x19\n\x17_num_speculative_tokens\"\xbf\x01\n\x0e\x44\x65\x63odeResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12/\n\rfinish_reason\x18\x02 \x01(\x0e\x32\x18.specdec.v1.FinishReason\x12\x14\n\x0cmatched_stop\x18\x03 \x01(\t\x12\x31\n\x0bspeculation\x18\x04 \x01(\x0b\x32\x1c.specdec.v1.SpeculationStats\x12 \n\x05usage\x18\x05 \x01(\x0b\x32\x11.specdec.v1.Usage\"\x15\n\x13GetModelInfoRequest\";\n\x14GetModelInfoResponse\x12#\n\x04info\x18\x01 \x01(\x0b\x32\x15.specdec.v1.ModelInfo2\xa7\x01\n\x0fVerifierService\x12\x41\n\x06\x44\x65\x63ode\x12\x19.specdec.v1.DecodeRequest\x1a\x1a.specdec.v1.DecodeResponse0\x01\x12Q\n\x0cGetModelInfo\x12\x1f.specdec.v1.GetModelInfoRequest\x1a .specdec.v1.GetModelInfoResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,13 +33,13 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'specdec.v1.verifier_pb2', _
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_DECODEREQUEST']._serialized_start=67
-  _globals['_DECODEREQUEST']._serialized_end=319
-  _globals['_DECODERESPONSE']._serialized_start=322
-  _globals['_DECODERESPONSE']._serialized_end=513
-  _globals['_GETMODELINFOREQUEST']._serialized_start=515
-  _globals['_GETMODELINFOREQUEST']._serialized_end=536
-  _globals['_GETMODELINFORESPONSE']._serialized_start=538
-  _globals['_GETMODELINFORESPONSE']._serialized_end=597
-  _globals['_VERIFIERSERVICE']._serialized_start=600
-  _globals['_VERIFIERSERVICE']._serialized_end=767
+  _globals['_DECODEREQUEST']._serialized_end=363
+  _globals['_DECODERESPONSE']._serialized_start=366
+  _globals['_DECODERESPONSE']._serialized_end=557
+  _globals['_GETMODELINFOREQUEST']._serialized_start=559
+  _globals['_GETMODELINFOREQUEST']._serialized_end=580
+  _globals['_GETMODELINFORESPONSE']._serialized_start=582
+  _globals['_GETMODELINFORESPONSE']._serialized_end=641
+  _globals['_VERIFIERSERVICE']._serialized_start=644
+  _globals['_VERIFIERSERVICE']._serialized_end=811
 # @@protoc_insertion_point(module_scope)

@@ -6,6 +6,8 @@ types, so a field it would not parse fails here, not in a user's client.
 
 from __future__ import annotations
 
+import json
+
 import grpc
 import pytest
 from openai.types import Completion
@@ -91,7 +93,6 @@ def test_the_mapped_request_passes_the_gateway_checks_into_the_verifier_request(
     ({"logprobs": True}, "logprobs"),
     ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
     ({"presence_penalty": 0.5}, "presence_penalty"),
-    ({"response_format": {"type": "json_object"}}, "response_format"),
     ({"frobnicate": 1}, "frobnicate"),
 ])
 def test_unsupported_fields_are_refused_by_name(fields, param):
@@ -107,6 +108,46 @@ def test_unsupported_fields_are_refused_by_name(fields, param):
 ])
 def test_fields_that_ask_for_nothing_extra_are_accepted(fields):
     assert protocol.unsupported(chat(**fields)) is None
+
+
+SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}}
+
+
+@pytest.mark.parametrize("fields, expected", [
+    ({"response_format": {"type": "json_object"}}, common_pb2.Constraint(json_object=True)),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": SCHEMA, "strict": True}}},
+     common_pb2.Constraint(json_schema=json.dumps(SCHEMA), strict=True)),
+    ({"structured_outputs": {"json": SCHEMA}}, common_pb2.Constraint(json_schema=json.dumps(SCHEMA))),
+    ({"structured_outputs": {"regex": "[0-9]+"}}, common_pb2.Constraint(regex="[0-9]+")),
+    ({"structured_outputs": {"choice": ["yes", "no"]}},
+     common_pb2.Constraint(choice=common_pb2.Choices(values=["yes", "no"]))),
+    ({"structured_outputs": {"grammar": 'root ::= "a"'}}, common_pb2.Constraint(grammar='root ::= "a"')),
+])
+def test_response_format_and_structured_outputs_map_onto_a_constraint(fields, expected):
+    for body in (chat(**fields), completion(**fields)):
+        assert protocol.unsupported(body) is None
+        assert protocol.generate_request(body, "P").constraint == expected
+
+
+def test_text_response_format_is_no_constraint():
+    assert not protocol.generate_request(chat(response_format={"type": "text"}), "P").HasField("constraint")
+
+
+@pytest.mark.parametrize("fields", [
+    {"response_format": {"type": "json_schema"}},
+    {"structured_outputs": {"regex": "a", "choice": ["a"]}},
+    {"structured_outputs": {}},
+    {"response_format": {"type": "json_object"}, "structured_outputs": {"regex": "a"}},
+])
+def test_ambiguous_or_empty_constraints_are_a_400(fields):
+    with pytest.raises(protocol.OpenAIError) as raised:
+        protocol.generate_request(chat(**fields), "P")
+    assert raised.value.status == 400 and raised.value.param in ("response_format", "structured_outputs")
+
+
+def test_a_constraint_error_from_the_verifier_names_response_format():
+    error = protocol.error_from_grpc(grpc.StatusCode.INVALID_ARGUMENT, "constraint.regex does not compile: x", True)
+    assert (error.status, error.param) == (400, "response_format")
 
 
 def test_neutral_values_do_not_let_true_pass_for_one():

@@ -83,3 +83,29 @@ def test_a_sequence_waiting_for_compute_is_not_reaped_and_one_not_read_is():
             await server.stop(0)
 
     asyncio.run(asyncio.wait_for(scenario(), 60))
+
+
+def test_an_engine_without_constraints_refuses_one_with_failed_precondition():
+    """WaitingEngine, like the vLLM engine for now, has no takes_constraints: a constraint is refused before work."""
+
+    async def scenario():
+        server, _servicer, address = await serve()
+        try:
+            request = verifier_pb2.DecodeRequest(prompt_token_ids=[2], max_tokens=2,
+                                                 constraint=common_pb2.Constraint(regex="[0-9]+"))
+            return await asyncio.to_thread(read_error, address, request)
+        finally:
+            await server.stop(None)
+
+    error = asyncio.run(scenario())
+    assert error.code() == grpc.StatusCode.FAILED_PRECONDITION and "structured outputs" in error.details()
+    from verifier_service.engines.vllm_engine import VllmEngine
+    assert VllmEngine.takes_constraints is False
+
+
+def read_error(address: str, request: verifier_pb2.DecodeRequest) -> grpc.RpcError:
+    try:
+        read_all(address, request)
+    except grpc.RpcError as exc:
+        return exc
+    raise AssertionError("the call succeeded")

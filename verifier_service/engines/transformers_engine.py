@@ -14,7 +14,8 @@ The round loop (`rounds`) reads like the papers' pseudo-code:
     loop:
         k       = speculation.block_size(...)              # adaptive, per request
         block   = await speculation.propose(tokens, k)     # over the Propose stream; empty on failure
-        verdict = verify_block(state, block)               # one forward pass + the accept/reject rule
+        verdict = verify_block(state, block, grammar)      # one forward pass + the accept/reject rule, on
+                                                           # the grammar-masked logits when constrained
                                                            # + explicit rollback to the accepted length
         speculation.record(round)                          # stats, metrics, policy, trace: one place
         yield verdict.emitted                              # the caller applies EOS/stop/max_tokens
@@ -39,6 +40,7 @@ import torch
 
 from specdec.modeling import models
 from specdec.decoding.draft_block import DraftBlock
+from specdec.decoding.grammar import SequenceGrammar
 from specdec.modeling.kv_cache import new_cache, rollback_cache
 from specdec.decoding.sampling import SamplingParams, make_generator, probs_from_logits
 from verifier_service.engines.decode_loop import DecodeSpec
@@ -70,6 +72,7 @@ class TransformersEngine:
 
     name = "transformers"
     takes_draft_probs = True
+    takes_constraints = True
 
     def __init__(self, model, device: str = "cpu", prefill_chunk_tokens: int = 0, max_prefill_tokens: int = 0):
         """prefill_chunk_tokens: prompt tokens per prefill job (0: the whole prompt in one job);
@@ -93,7 +96,8 @@ class TransformersEngine:
                 started = time.perf_counter()
                 block, fallback = await speculation.propose(state.tokens, k)
                 draft_wait_s = time.perf_counter() - started
-                verdict, forward_s = await self._run(verify_block, self, state, block, spec.sampling, generator)
+                verdict, forward_s = await self._run(verify_block, self, state, block, spec.sampling, generator,
+                                                     spec.grammar)
                 speculation.record(Round(
                     len(block.token_ids), verdict.num_accepted, time.perf_counter() - started,
                     draft_wait_s=draft_wait_s, forward_s=forward_s, fallback=fallback,
@@ -155,16 +159,27 @@ class TransformersEngine:
 
 
 def verify_block(engine: TransformersEngine, state: SequenceState, block: DraftBlock, sampling: SamplingParams,
-                 generator: torch.Generator) -> tuple[Verdict, float]:
+                 generator: torch.Generator, grammar: SequenceGrammar | None = None
+                 ) -> tuple[Verdict, float]:
     """Score the block in one forward pass, decide, and roll the cache back. Runs on the compute thread.
 
     The rule: greedy for temperature 0; for a seeded request the coupled rule with draws keyed by (seed,
     position), so the output is the seed's plain sample whatever the draft and k; otherwise exact rejection
     sampling with the request's own random stream `generator`.
+
+    With a grammar, the block is first cut at its first token the grammar forbids (that token could never
+    be accepted), and every row of the target's logits is masked to the grammar's allowed tokens before
+    the rule: each rule then runs on the masked, renormalised distribution, which is constrained decoding's
+    own, so the output is what constrained decoding without speculation gives. A cut-off draft token counts
+    as rejected; verdict.emitted(block.token_ids) holds for the block as proposed.
     """
+    if grammar is not None:
+        block = block.cut(grammar.walk(block.token_ids))
     started = time.perf_counter()
     logits = engine.score(state, block.token_ids)  # [k + 1, V]
     forward_s = time.perf_counter() - started
+    if grammar is not None:
+        grammar.mask(logits)
     if sampling.greedy:
         verdict = greedy_verify(block.token_ids, logits.argmax(dim=-1).tolist())
     else:
@@ -174,4 +189,6 @@ def verify_block(engine: TransformersEngine, state: SequenceState, block: DraftB
         else:
             verdict = rejection_sample(block.token_ids, block.probs, target_probs, generator)
     engine.commit(state, verdict.num_accepted, verdict.emitted(block.token_ids))
+    if grammar is not None:
+        grammar.commit(verdict.num_accepted, verdict.next_token)
     return verdict, forward_s

@@ -86,6 +86,7 @@ class Submission:
 
 class VllmEngine:
     name = "vllm"
+    takes_constraints = False  # vLLM's own structured outputs are not wired yet: a constraint is refused
     takes_draft_probs = False  # vLLM's custom proposers pass no q: drafts are asked to be greedy (one-hot q)
 
     def __init__(self, cfg: VerifierConfig, speculate: bool, eos_token_ids: list[int],
