@@ -31,15 +31,9 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from specdec.v1 import gateway_pb2
+from tools.oversize_storm import status_kib
 
 MiB = 1024 * 1024
-
-
-def status_kib(pid: int, field: str) -> int:
-    for line in pathlib.Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1])
-    raise RuntimeError(f"no {field} for pid {pid}")
 
 
 def reset_peak(pid: int) -> None:

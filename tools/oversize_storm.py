@@ -36,11 +36,16 @@ GENERATE = "/specdec.v1.Gateway/Generate"
 MiB = 1024 * 1024
 
 
-def rss_mib(pid: int, field: str = "VmRSS") -> float:
+def status_kib(pid: int, field: str = "VmRSS") -> int:
+    """A /proc/PID/status memory field (VmRSS, VmHWM, ...) in KiB."""
     for line in pathlib.Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith(field + ":"):
-            return int(line.split()[1]) / 1024
+            return int(line.split()[1])
     raise RuntimeError(f"no {field} for pid {pid}")
+
+
+def rss_mib(pid: int, field: str = "VmRSS") -> float:
+    return status_kib(pid, field) / 1024
 
 
 def payloads(prompt_chars: int, ids: int) -> dict[str, bytes]:

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import pathlib
-import re
 import sys
 import tempfile
 import time
@@ -23,6 +23,7 @@ import grpc
 from specdec.decoding.chat_format import chatml
 from devkit.stack import running_stack
 from specdec.v1 import gateway_pb2, gateway_pb2_grpc
+from bench.core.machine import FLAGS_THAT_MATTER, cpu_model_and_flags
 
 PROMPTS = [
     "Write a Python function `is_prime(n)` that returns True if n is prime. Code only.",
@@ -31,16 +32,10 @@ PROMPTS = [
     "customers(id, name) and orders(id, customer_id, amount). Code only.",
     "Write a JavaScript function that removes duplicate values from an array. Code only.",
 ]
-SIMD = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_tile", "fma")
-
-
 def cpu() -> str:
-    """The CPU's model name, core count and SIMD flags (from /proc/cpuinfo)."""
-    text = pathlib.Path("/proc/cpuinfo").read_text()
-    model = re.search(r"model name\s*:\s*(.*)", text)
-    flags = set(re.search(r"flags\s*:\s*(.*)", text).group(1).split())
-    cores = text.count("processor\t:")
-    return f"{model.group(1) if model else '?'}, {cores} cores, flags: {' '.join(f for f in SIMD if f in flags)}"
+    """The CPU's model name, core count and the flags that change speculation's figures."""
+    model, flags = cpu_model_and_flags()
+    return f"{model}, {os.cpu_count()} cores, flags: {' '.join(f for f in FLAGS_THAT_MATTER if f in flags)}"
 
 
 def run(stub, prompt: str, max_tokens: int, k: int | None) -> dict:
