@@ -215,6 +215,9 @@ class DraftSession:
         self.synced = 0  # tokens[:synced] are known to be identical in the draft
         self.ahead = AheadCounts()
         self.prefetched: tuple[int, int, int] | None = None  # an unanswered prefetch: (round, tokens before it, k asked)
+        # The stream's first round timed out while the draft read the prompt: its answer is taken as a prefetch's when
+        # it comes (`at_hand`), and no round waits for it meanwhile (each decodes a plain step)
+        self.reading_prompt = False
 
     @property
     def call(self):
@@ -239,6 +242,7 @@ class DraftSession:
         """A block of up to k tokens after `tokens`, or an empty one and the reason it is empty ("timeout": no
         answer within wait_s, by default the link's timeout)."""
         wait_s = self.link.timeout_s if wait_s is None else wait_s
+        opening = self.stream is None
         reason = await self._ensure_stream(tokens)
         if reason:
             return DraftBlock.empty(), reason
@@ -250,6 +254,8 @@ class DraftSession:
             response, ahead = await asyncio.wait_for(
                 stream.next_block(self.synced, tokens[self.synced:], k), wait_s)
         except STREAM_ERRORS as exc:
+            if opening and isinstance(exc, asyncio.TimeoutError) and self.stream is stream:
+                return DraftBlock.empty(), self._read_prompt_behind(stream, tokens, k, wait_s)
             return DraftBlock.empty(), self._round_failed(stream, exc, wait_s)
         self.synced = len(tokens)
         if response.answered_ahead:  # the draft answered with a block sent ahead, which was discarded here
@@ -296,8 +302,18 @@ class DraftSession:
         after tokens it did not assume. wait_s: how long the answer may take (default: the link's timeout)."""
         if self.prefetched is None or self.stream is None:
             return None, None
-        (round_, base, asked), self.prefetched = self.prefetched, None
         stream = self.stream
+        if self.reading_prompt:
+            try:
+                if not stream.has_answer(self.prefetched[0]):
+                    return None, None  # still reading the prompt: this round decodes a plain step
+            except STREAM_ERRORS as exc:
+                self.reading_prompt = False
+                self._round_failed(stream, exc)
+                return None, None
+            self.reading_prompt = False
+            self.link.backoff.succeeded()  # the draft was slow to read a long prompt, not gone
+        (round_, base, asked), self.prefetched = self.prefetched, None
         wait_s = self.link.timeout_s if wait_s is None else wait_s
         try:
             response = await asyncio.wait_for(stream.answer(round_), wait_s)
@@ -325,6 +341,21 @@ class DraftSession:
         self.ahead.prefetch("used")
         self.link.backoff.succeeded()
         return block, True
+
+    def _read_prompt_behind(self, stream: ProposeStream, tokens: list[int], k: int, waited_s: float) -> str:
+        """The stream's first round had no answer within waited_s: the draft is still reading the prompt (a long one
+        costs a model draft a prefill). Ending the stream would throw that prefill away, and every retry would start
+        it over, so a prompt longer than the draft reads in one wait would never be drafted for. So the stream is
+        kept, and the round's answer is taken when it comes, as a prefetched block's: the sync it answers was sent,
+        so the draft then holds tokens + its block. The timeout still counts against the link (a draft that never
+        answers backs off other sequences); the answer, when it comes, clears it."""
+        self.link.failed(asyncio.TimeoutError(), waited_s)
+        self.synced = len(tokens)
+        self.prefetched = (stream.round, len(tokens), k)
+        self.reading_prompt = True
+        log.info("request %s: the draft is still reading the prompt after %.0f ms; decoding plainly until it answers",
+                 self.request_id, waited_s * 1000)
+        return "timeout"
 
     def _round_failed(self, stream: ProposeStream, exc: BaseException, waited_s: float = 0.0) -> str:
         """A call on `stream` raised: "closed" if the sequence ended (and closed its stream) meanwhile; else back
@@ -372,6 +403,7 @@ class DraftSession:
 
     def cancel(self) -> None:
         self.prefetched = None
+        self.reading_prompt = False
         if self.stream is not None:
             _end(self.stream.call)
             self.stream = None

@@ -129,6 +129,15 @@ class ProposeStream:
                     return message
             await self._next_arrival()
 
+    def has_answer(self, round_: int) -> bool:
+        """Whether the draft's answer to `round_` (asked with `send`) has arrived, without waiting; raises what
+        ended the stream, if it ended before answering."""
+        if any(not message.HasField("ahead") and message.round == round_ for message in self.inbox):
+            return True
+        if self.ended is not None:
+            raise self.ended
+        return False
+
     def ahead_ready(self, keep_length: int, append_token_ids: list[int]) -> bool:
         """Whether a block drafted ahead for the next round, assuming exactly this sync, has arrived."""
         return any(self._assumes(message, self.round + 1, keep_length, append_token_ids) for message in self.inbox)

@@ -26,6 +26,10 @@ asks for the block and decodes a plain step meanwhile ("stepped"), and the next 
 block after the step's token if the draft's first token was that one (`DraftSession.prefetch`,
 `at_hand`). The plain step emits what plain decoding would; the block is then a valid draft for the
 tokens after it, so every choice stays lossless.
+
+A draft that reads a long prompt for longer than a round waits (a model draft's prefill) is not abandoned: the
+stream stays open, each round decodes a plain step meanwhile ("reading_prompt"), and the first answer is taken
+as a prefetched block's when it comes (`DraftSession.at_hand`).
 """
 
 from __future__ import annotations
@@ -156,6 +160,8 @@ class RequestSpeculation:
         if block is not None:
             self.block_came_ahead = self.block_prefetched = True
             return self._verified(block, "")
+        if self.draft.reading_prompt:  # the draft's first answer is still to come: a plain step, asking nothing
+            return self.block, "reading_prompt"
         if self.policy.step_while_drafting(k) and not self.draft.ahead_ready(tokens):
             return self.block, await self.draft.prefetch(tokens, k) or "stepped"
         self.asked_k = k

@@ -7,9 +7,11 @@ The "target" is the sequence itself, a repeating pattern the n-gram draft copies
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
+from draft_service.ngram import NgramProposer
 from specdec.runtime.config import ServerConfig
 from specdec.decoding.sampling import SamplingParams
 from tests.draft_service.inprocess import draft_server
@@ -78,3 +80,45 @@ def test_a_block_the_plain_steps_ran_past_is_not_used():
         return session.ahead.prefetched
 
     assert scenario(body) == {"missed": 1}
+
+
+class SlowReader(NgramProposer):
+    """An n-gram draft that takes `seconds` to read a prompt, off the event loop, as a model draft's prefill does."""
+
+    inline = False
+
+    def __init__(self, seconds: float):
+        super().__init__()
+        self.seconds = seconds
+
+    def start(self, prompt_ids, sampling, return_probs, tenant=""):
+        time.sleep(self.seconds)
+        return super().start(prompt_ids, sampling, return_probs, tenant)
+
+
+def test_a_draft_still_reading_the_prompt_keeps_its_stream_and_answers_later():
+    """The first round times out while the draft reads the prompt: the stream is kept (not restarted, which would
+    read the prompt again), rounds meanwhile are plain steps asking nothing, and the late answer is used as a
+    prefetched block after the tokens it guessed; the back-off the timeout set is cleared by that answer."""
+    async def main():
+        async with draft_server(proposer=SlowReader(0.6)) as (address, servicer):
+            link = DraftLink(address, ServerConfig(), target(), timeout_s=5.0, pipeline=False)
+            session = link.session("r", SamplingParams())
+            try:
+                block, reason = await session.propose(PROMPT, 4, wait_s=0.1)
+                assert (block.token_ids, reason) == ([], "timeout")
+                assert session.reading_prompt and session.stream is not None
+                stream = session.stream
+                assert await session.at_hand(PROMPT + [truth(20)], 4) == (None, None)  # not read yet: no wait
+                await asyncio.sleep(1.0)
+                decoded = PROMPT + [truth(20), truth(21)]
+                block, first_ok = await session.at_hand(decoded, 4)
+                assert first_ok is True and block.token_ids == [truth(22), truth(23)]
+                assert session.stream is stream and not session.reading_prompt and link.backoff.timeouts == 0
+                assert len(servicer.live) == 1  # one sequence: the prompt was read once
+                return session.ahead.prefetched
+            finally:
+                session.close(None)
+                await link.close()
+
+    assert asyncio.run(asyncio.wait_for(main(), 30)) == {"used": 1}
