@@ -22,5 +22,7 @@ STUDIES = {
     "context": ("bench.studies.context", "speedup against the prompt length"),
     "policy-sim": ("bench.replay.policy_sim", "replay the k policy on recorded outputs and a verify-cost curve"),
     "suffix-cost": ("bench.studies.suffix_cost", "the suffix draft's cost per proposal (and arctic-inference's)"),
+    "claims": ("bench.studies.claims", "the talk's claims on a draft and target of one family: temperature, prompt "
+                                       "length, memory"),
     "suffix-soak": ("bench.studies.suffix_soak", "the suffix cache's memory over a long run of requests"),
 }

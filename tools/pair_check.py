@@ -59,6 +59,8 @@ def main(argv=None) -> int:
     parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--prompts", type=int, default=len(PROMPTS), help="how many of the built-in prompts")
     parser.add_argument("--k", type=int, nargs="*", default=[4], help="fixed block sizes to run besides adaptive")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                        help="the target's and the draft's dtype (bfloat16 pays where the CPU has avx512_bf16 or AMX)")
     parser.add_argument("--verifier-arg", action="append", default=[], help="extra verifier flag (repeatable)")
     args = parser.parse_args(argv)
     print(f"cpu: {cpu()}", flush=True)
@@ -66,8 +68,8 @@ def main(argv=None) -> int:
         log_dir = pathlib.Path(logs)
         started = time.monotonic()
         with running_stack(args.target, args.draft, method="model", log_dir=log_dir, timeout_s=900,
-                           verifier_args=["--dtype", "float32", *args.verifier_arg],
-                           draft_args=["--dtype", "float32"]) as services:
+                           verifier_args=["--dtype", args.dtype, *args.verifier_arg],
+                           draft_args=["--dtype", args.dtype]) as services:
             print(f"stack SERVING after {time.monotonic() - started:.0f} s", flush=True)
             identical = True
             with grpc.insecure_channel(services["gateway"].address) as channel:

@@ -51,3 +51,11 @@ def python_machine() -> dict:
             "python": platform.python_version(), "load_avg_start": [round(x, 2) for x in os.getloadavg()],
             # CPU seconds for a bare 3,000,000-step Python loop: scales the figures between machines
             "python_loop_3M_cpu_s": round(time.thread_time() - started, 3)}
+
+
+def process_memory_mib(pid: int, field: str = "VmRSS") -> float:
+    """A process's memory from /proc/PID/status: VmRSS (resident now) or VmHWM (its peak), in MiB."""
+    for line in pathlib.Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(f"{field}:"):
+            return int(line.split()[1]) / 1024
+    raise ValueError(f"/proc/{pid}/status has no {field} line")

@@ -12,7 +12,7 @@ import time
 
 from bench.core import prom
 from bench.core.workloads import Prompt
-from specdec.runtime.config import ModelConfig, choices, model_dir
+from specdec.runtime.config import ModelConfig, choices, model_dir, optional_model_dir
 from verifier_service.config import VerifierConfig
 
 
@@ -231,6 +231,8 @@ def draft_step_seconds(model_dir: str, dtype: str, threads: int, context: int = 
 def add_stack_options(parser, repeats: int, max_tokens: int = 48) -> None:
     """The options of the load tools (bench context, bench concurrency) that choose and start the stack."""
     parser.add_argument("--model", required=True, type=model_dir, help="target model directory")
+    parser.add_argument("--draft-model", default="", type=optional_model_dir,
+                        help="a draft model of the target's family (method model); default: the n-gram draft")
     parser.add_argument("--engine", default="transformers", choices=choices(VerifierConfig, "engine"),
                         help="verifier engine")
     parser.add_argument("--vllm-python", default=".venv-vllm/bin/python", help="the interpreter with vLLM")
@@ -242,9 +244,13 @@ def add_stack_options(parser, repeats: int, max_tokens: int = 48) -> None:
 
 
 def stack_kwargs(args, verifier_args=()) -> dict:
-    """running_stack(...) keyword arguments for those options: an n-gram stack with the chosen engine."""
+    """running_stack(...) keyword arguments for those options: an n-gram stack (or a model draft's, with
+    --draft-model) with the chosen engine."""
     verifier = ["--dtype", args.dtype, "--engine", args.engine, *verifier_args]
     if args.engine == "transformers":
         verifier += ["--threads", str(args.threads)]
-    return {"method": "ngram", "verifier_args": verifier, "env": {"OMP_WAIT_POLICY": "PASSIVE"}, "timeout_s": 300,
+    draft = {"method": "model", "draft_dir": args.draft_model, "draft_args": ["--dtype", args.dtype]} \
+        if getattr(args, "draft_model", "") else {"method": "ngram"}
+    return {**draft, "verifier_args": verifier, "env": {"OMP_WAIT_POLICY": "PASSIVE"},
+            "timeout_s": 900 if getattr(args, "draft_model", "") else 300,
             "verifier_python": args.vllm_python if args.engine == "vllm" else None}
