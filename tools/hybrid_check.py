@@ -41,8 +41,10 @@ def main(argv=None) -> int:
     parser.add_argument("--prompts", default="", help="comma-separated ids from code.jsonl (default: the first 4)")
     parser.add_argument("--max-tokens", type=int, default=64, help="cap on each prompt's max_tokens")
     parser.add_argument("--draft-arg", action="append", default=[], help="extra flag for the hybrid's draft")
+    parser.add_argument("--methods", default=",".join(METHODS), help="which of model, suffix, hybrid to run")
     parser.add_argument("--out", default="")
     args = parser.parse_args(argv)
+    methods = tuple(m for m in METHODS if m in args.methods.split(","))
     lines = [json.loads(line) for line in workload_path("code").read_text().splitlines() if line.strip()]
     wanted = [p for p in args.prompts.split(",") if p]
     prompts = [line for line in lines if line["id"] in wanted] if wanted else lines[:4]
@@ -56,32 +58,32 @@ def main(argv=None) -> int:
             args.model, args.draft_model, method=method, verifier_args=verifier, env=env, timeout_s=900,
             draft_args=(["--dtype", args.dtype] if method != "suffix" else [])
             + (args.draft_arg if method == "hybrid" else []), log_dir=pathlib.Path(logs)))
-            for method in METHODS}
+            for method in methods}
         print(f"stacks SERVING after {time.monotonic() - started:.0f} s", flush=True)
         stubs = {m: gateway_pb2_grpc.GatewayStub(stacks.enter_context(grpc.insecure_channel(s["gateway"].address)))
                  for m, s in services.items()}
         for i, prompt in enumerate(prompts):
             max_tokens = min(args.max_tokens, prompt["max_tokens"])
-            plain = run(stubs["hybrid"], prompt["prompt"], max_tokens, 0)
+            plain = run(stubs[methods[-1]], prompt["prompt"], max_tokens, 0)
             print(json.dumps({"prompt": prompt["id"], "method": "off",
                               **{k: v for k, v in plain.items() if k != "tokens"}}), flush=True)
             runs.append({"prompt": prompt["id"], "method": "off", **plain, "identical": True})
-            for method in METHODS[i % len(METHODS):] + METHODS[:i % len(METHODS)]:
+            for method in methods[i % len(methods):] + methods[:i % len(methods)]:
                 result = run(stubs[method], prompt["prompt"], max_tokens, None)
                 row = {"prompt": prompt["id"], "method": method, "identical": result["tokens"] == plain["tokens"],
                        "vs_off": round(result["tok_s"] / plain["tok_s"], 3),
                        **{k: v for k, v in result.items() if k != "tokens"}}
                 print(json.dumps(row), flush=True)
                 runs.append({**row, "tokens": result["tokens"]})
-        scraped = scrape_metrics(services["hybrid"]["draft"].metrics_port)
+        scraped = scrape_metrics(services["hybrid"]["draft"].metrics_port) if "hybrid" in services else {}
         hybrid_blocks = {side: scraped.get(("specdec_draft_hybrid_blocks_total", (("source", side),)), 0.0)
                          for side in ("suffix", "model")}
     summary = {}
-    for method in ("off", *METHODS):
+    for method in ("off", *methods):
         mine = [r for r in runs if r["method"] == method]
         tokens, seconds = sum(len(r["tokens"]) for r in mine), sum(r["seconds"] for r in mine)
         summary[method] = {"tok_s": round(tokens / seconds, 3), "identical": all(r["identical"] for r in mine)}
-    for method in METHODS:
+    for method in methods:
         summary[method]["vs_off"] = round(summary[method]["tok_s"] / summary["off"]["tok_s"], 3)
     identical = all(r["identical"] for r in runs)
     print(json.dumps({"summary": summary, "hybrid_blocks": hybrid_blocks}), flush=True)
