@@ -28,7 +28,8 @@ from specdec.decoding.chat_format import chatml
 from devkit.stack import running_stack
 from specdec.v1 import gateway_pb2, gateway_pb2_grpc
 from bench.core.machine import FLAGS_THAT_MATTER, cpu_model_and_flags, machine_info
-from bench.core.methods import MODEL_METHODS, add_stack_options, stack_kwargs
+from bench.core.methods import add_stack_options, stack_kwargs
+from draft_service.config import MODEL_METHODS
 
 PROMPTS = [
     "Write a Python function `is_prime(n)` that returns True if n is prime. Code only.",

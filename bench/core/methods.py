@@ -12,6 +12,7 @@ import time
 
 from bench.core import prom
 from bench.core.workloads import Prompt
+from draft_service.config import MODEL_METHODS
 from specdec.runtime.config import ModelConfig, choices, model_dir, optional_model_dir
 from verifier_service.config import VerifierConfig
 
@@ -226,10 +227,6 @@ def draft_step_seconds(model_dir: str, dtype: str, threads: int, context: int = 
             cache = out.past_key_values
     del model
     return statistics.median(times[2:])
-
-
-# Draft methods that run the draft model (--draft-model): they take its dtype
-MODEL_METHODS = ("model", "hybrid")
 
 
 def add_stack_options(parser, repeats: int, max_tokens: int = 48) -> None:
