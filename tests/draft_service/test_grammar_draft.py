@@ -191,3 +191,26 @@ def test_greedy_output_with_the_grammar_draft_equals_k0(setup, inner):
         forced_total += forced
         accepted_total += accepted
     assert forced_total > 0 and accepted_total > 0
+
+
+def test_a_model_drafts_q_rows_for_its_tokens_and_one_hot_rows_for_forced_ones(setup, tiny_pair):
+    """At temperature 1 the model draft sends q; the grammar's cut keeps the rows of the tokens it keeps, and each
+    forced token's q is one-hot on it."""
+    from draft_service.model_draft import ModelProposer
+
+    _engine, tokenizer, eos = setup
+    proposer = GrammarProposer(ModelProposer(load_causal_lm(str(tiny_pair[1]))), tokenizer, len(tokenizer), [eos])
+    assert (proposer.method, proposer.inline) == ("model", False)
+    prompt = tokenizer.encode("Hello")
+    sequence = proposer.start(prompt, SamplingParams(temperature=1.0, seed=None), True, constraint=CONSTRAINT)
+    concurrent.futures.wait([sequence._pending])
+    forced = 0
+    for _ in range(6):
+        block = sequence.propose(6)
+        assert block.probs is not None and block.probs.shape[0] == len(block.token_ids)
+        first_forced = len(block.token_ids) - block.num_forced
+        for row, token in zip(block.probs[first_forced:], block.token_ids[first_forced:]):
+            assert row[token] == 1.0 and row.sum() == 1.0
+        forced += block.num_forced
+        sequence.update(len(sequence.tokens) - len(block.token_ids), block.token_ids[:1])  # keep one, as if judged
+    assert forced > 0
