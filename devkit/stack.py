@@ -153,7 +153,9 @@ def running_stack(target_dir, draft_dir=None, method: str = "ngram", verifier_ar
     services = {}
     ports = ports or {}
     try:
-        draft_model = str(draft_dir if method == "model" else target_dir)
+        from draft_service.config import MODEL_METHODS
+
+        draft_model = str(draft_dir if method in MODEL_METHODS else target_dir)
         services["draft"] = Service("draft_service", ["--model", draft_model, "--method", method, *draft_args],
                                     env, log_dir, *ports.get("draft", (0, 0)))
         services["verifier"] = Service(

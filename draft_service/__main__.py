@@ -5,8 +5,9 @@ from __future__ import annotations
 import dataclasses
 import logging
 
-from draft_service.config import DraftConfig
+from draft_service.config import MODEL_METHODS, DraftConfig
 from draft_service.grammar_draft import GrammarProposer
+from draft_service.hybrid import HybridProposer
 from draft_service.model_draft import ModelProposer
 from draft_service.ngram import NgramProposer
 from draft_service.replay import ReplayProposer
@@ -37,10 +38,13 @@ def build_proposer_servicer(cfg: DraftConfig) -> DraftServicer:
     if not cfg.model:
         raise models.ModelLoadError("--model is required: the draft model dir, or for n-gram the target's tokenizer dir")
     tokenizer = models.load_tokenizer(cfg.model)
-    if cfg.method == "model":
+    if cfg.method in MODEL_METHODS:
         log.info("loading draft model %s (%s, %s)", cfg.model, cfg.device, cfg.dtype)
         model = models.load_causal_lm(cfg.model, cfg.device, cfg.dtype)
-        return DraftServicer(ModelProposer(model), models.describe(cfg.model, tokenizer, model), cfg)
+        proposer = ModelProposer(model)
+        if cfg.method == "hybrid":
+            proposer = HybridProposer(SuffixProposer(suffix_config(cfg)), proposer, cfg.hybrid_min_suffix)
+        return DraftServicer(proposer, models.describe(cfg.model, tokenizer, model), cfg)
     info = models.describe(cfg.model, tokenizer)
     if cfg.method == "replay":
         try:
@@ -51,9 +55,12 @@ def build_proposer_servicer(cfg: DraftConfig) -> DraftServicer:
                  len(proposer.continuations), cfg.replay_acceptance)
         return DraftServicer(proposer, info, cfg)
     if cfg.method == "suffix":
-        suffix = SuffixConfig(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(SuffixConfig)})
-        return DraftServicer(SuffixProposer(suffix), info, cfg)
+        return DraftServicer(SuffixProposer(suffix_config(cfg)), info, cfg)
     return DraftServicer(NgramProposer(cfg.ngram_min, cfg.ngram_max), info, cfg)
+
+
+def suffix_config(cfg: DraftConfig) -> SuffixConfig:
+    return SuffixConfig(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(SuffixConfig)})
 
 
 async def serve(server_cfg: specdec_config.ServerConfig, cfg: DraftConfig) -> None:

@@ -5,20 +5,26 @@ from __future__ import annotations
 import dataclasses
 
 from draft_service.faults import FaultInjection
+from draft_service.hybrid import HybridConfig
 from draft_service.replay import BenchmarkDrafts
 from draft_service.suffix import SuffixConfig
 from specdec.runtime.config import InternalServiceConfig, ModelConfig, option
 
+# The methods that run a draft model: --model is its directory (for the others, the target's tokenizer)
+MODEL_METHODS = ("model", "hybrid")
+
 
 @dataclasses.dataclass(frozen=True)
-class DraftConfig(ModelConfig, SuffixConfig, FaultInjection, BenchmarkDrafts, InternalServiceConfig):
+class DraftConfig(ModelConfig, SuffixConfig, HybridConfig, FaultInjection, BenchmarkDrafts, InternalServiceConfig):
     """Draft proposer"""
 
-    model: str = option("", "draft model dir (method=model), or the tokenizer dir the n-gram proposer reports")
+    model: str = option("", "draft model dir (method=model or hybrid), or the tokenizer dir the n-gram proposer "
+                            "reports")
     method: str = option("ngram", "proposer: a small causal LM, n-gram lookup in the request, suffix decoding "
-                                  "over the request and earlier outputs, or only the text a constrained request's "
-                                  "grammar forces (replay: a benchmarking tool, needs --enable-benchmark-drafts)",
-                         choices=["model", "ngram", "suffix", "grammar", "replay"])
+                                  "over the request and earlier outputs, hybrid (suffix where it matches, the "
+                                  "model otherwise), or only the text a constrained request's grammar forces "
+                                  "(replay: a benchmarking tool, needs --enable-benchmark-drafts)",
+                         choices=["model", "ngram", "suffix", "hybrid", "grammar", "replay"])
     ngram_min: int = option(1, "shortest n-gram the lookup matches")
     ngram_max: int = option(4, "longest n-gram the lookup matches")
     max_sequences: int = option(256, "live sequences at most; more get RESOURCE_EXHAUSTED")
@@ -35,5 +41,6 @@ class DraftConfig(ModelConfig, SuffixConfig, FaultInjection, BenchmarkDrafts, In
 
     def __post_init__(self):
         SuffixConfig.__post_init__(self)
+        HybridConfig.__post_init__(self)
         FaultInjection.__post_init__(self)
         BenchmarkDrafts.__post_init__(self)

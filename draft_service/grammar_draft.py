@@ -78,6 +78,11 @@ class GrammarSequence(DraftSequence):
     def tokens(self) -> list[int]:
         return self.inner.tokens
 
+    @property
+    def source(self) -> str:
+        """The inner proposer's side of the last block (hybrid), for the propose span event."""
+        return self.inner.source
+
     def update(self, keep_length: int, append_token_ids: list[int], assumed: bool = False) -> None:
         self.inner.update(keep_length, append_token_ids, assumed)
         self._follow(keep_length)

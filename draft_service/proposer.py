@@ -23,6 +23,8 @@ class ProposerError(ValueError):
 class DraftSequence(abc.ABC):
     """One sequence's draft state. `tokens` is the prompt, the accepted tokens and the last proposal."""
 
+    source = ""  # a proposer made of others (hybrid): the one that drafted the last block (a span attribute)
+
     def __init__(self, prompt_ids: list[int]):
         self.tokens: list[int] = []
         self._extend(list(prompt_ids))
@@ -42,6 +44,18 @@ class DraftSequence(abc.ABC):
 
     def confirm(self, length: int) -> None:
         """The verifier's sync matched the assumed one: tokens[:length] are the prompt and the target's tokens."""
+
+    def adopt(self, token_ids: list[int]) -> None:
+        """Append a block another proposer drafted for this sequence, as if this one had proposed it: unverified,
+        so the next update rolls it back unless the verifier keeps it (the hybrid draft keeps its sides in step)."""
+        if token_ids:
+            self._extend(list(token_ids))
+
+    def retract(self, length: int) -> None:
+        """Drop the proposed tokens past `length`, as the next update would, and sync nothing (the hybrid draft
+        drops the block of the side it did not choose)."""
+        if length < len(self.tokens):
+            self._truncate(length)
 
     @abc.abstractmethod
     def propose(self, k: int) -> DraftBlock:

@@ -178,9 +178,11 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
             proposal = await self._run(self._step, sequence, keep, append, n, assumed)
         except ProposerError as exc:  # the proposer's own refusal
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"next: {exc}")
-        trace.get_current_span().add_event("propose", {
-            "k": k, "proposed": min(k, len(proposal.token_ids)),
-            "ms": round((time.perf_counter() - started) * 1000, 3)})
+        event = {"k": k, "proposed": min(k, len(proposal.token_ids)),
+                 "ms": round((time.perf_counter() - started) * 1000, 3)}
+        if sequence.source:  # hybrid: the side that drafted the block
+            event["source"] = sequence.source
+        trace.get_current_span().add_event("propose", event)
         return proposal
 
     @staticmethod

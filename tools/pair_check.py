@@ -1,11 +1,15 @@
-"""The Qwen2.5-Coder pair through the real stack: the 1.5B verifies, the 0.5B drafts (`--method model`).
+"""The Qwen2.5-Coder pair through the real stack: the 1.5B verifies, the 0.5B drafts (`--method model`), or the
+suffix, n-gram or hybrid draft; on the transformers or the vLLM engine.
 
 For each prompt, greedy: speculation off (k = 0, the verifier's plain decoding), then adaptive k, then each fixed
 --k; the tokens of every run must be the plain run's. Prints, per run, tokens/s, the ratio to off, the acceptance
 rate, the tokens per drafted round and the rounds that fell back (timeouts among them, from the verifier's log),
-then the CPU's model and SIMD flags. The machine may be shared: quote the figures with that.
+then the CPU's model and SIMD flags; --out also writes them as JSON. Exit status 1 when any output differs. The
+machine may be shared: quote the figures with that. Identity is exact in float32; in bfloat16 a block's forward
+rounds differently from a one-token step, so a rare divergence is the target's rounding (docs/numerics.md).
 
-    python tools/pair_check.py --target .cache/models/qwen2.5-coder-1.5b --draft .cache/models/qwen2.5-coder-0.5b
+    python tools/pair_check.py --model .cache/models/qwen2.5-coder-1.5b --draft-model .cache/models/qwen2.5-coder-0.5b
+    python tools/pair_check.py --model ... --draft-model ... --engine vllm --method suffix --prompts 10 --k
 """
 
 from __future__ import annotations
@@ -23,7 +27,8 @@ import grpc
 from specdec.decoding.chat_format import chatml
 from devkit.stack import running_stack
 from specdec.v1 import gateway_pb2, gateway_pb2_grpc
-from bench.core.machine import FLAGS_THAT_MATTER, cpu_model_and_flags
+from bench.core.machine import FLAGS_THAT_MATTER, cpu_model_and_flags, machine_info
+from bench.core.methods import MODEL_METHODS, add_stack_options, stack_kwargs
 
 PROMPTS = [
     "Write a Python function `is_prime(n)` that returns True if n is prime. Code only.",
@@ -31,6 +36,15 @@ PROMPTS = [
     "Write a SQL query that returns the 5 customers with the highest total order amount, from tables "
     "customers(id, name) and orders(id, customer_id, amount). Code only.",
     "Write a JavaScript function that removes duplicate values from an array. Code only.",
+    "Write a Python function that parses an ISO date string `YYYY-MM-DD` into a (year, month, day) tuple of ints. "
+    "Code only.",
+    "Write a bash one-liner that counts the lines of every `.py` file under the current directory. Code only.",
+    'Return a JSON object with the keys "name", "age" and "city" for a 34-year-old named Ada who lives in Paris. '
+    "JSON only.",
+    "Write a Python class `Stack` with push, pop and peek methods backed by a list. Code only.",
+    "Write a SQL query that returns each department's average salary from employees(id, name, department, "
+    "salary), highest first. Code only.",
+    "Write a Python function that reverses the words of a sentence, keeping single spaces. Code only.",
 ]
 def cpu() -> str:
     """The CPU's model name, core count and the flags that change speculation's figures."""
@@ -57,24 +71,27 @@ def run(stub, prompt: str, max_tokens: int, k: int | None, constraint=None) -> d
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--target", required=True)
-    parser.add_argument("--draft", required=True)
-    parser.add_argument("--max-tokens", type=int, default=48)
+    add_stack_options(parser, repeats=1)
+    parser.set_defaults(dtype="float32")
+    parser.add_argument("--method", default="model", choices=["model", "suffix", "ngram", "hybrid"],
+                        help="the draft method (model and hybrid run --draft-model)")
     parser.add_argument("--prompts", type=int, default=len(PROMPTS), help="how many of the built-in prompts")
     parser.add_argument("--k", type=int, nargs="*", default=[4], help="fixed block sizes to run besides adaptive")
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
-                        help="the target's and the draft's dtype (bfloat16 pays where the CPU has avx512_bf16 or AMX)")
     parser.add_argument("--verifier-arg", action="append", default=[], help="extra verifier flag (repeatable)")
+    parser.add_argument("--draft-arg", action="append", default=[],
+                        help="extra draft-service flag (repeatable), e.g. --draft-arg=--propose-ahead --draft-arg=always")
     args = parser.parse_args(argv)
+    if args.method in MODEL_METHODS and not args.draft_model:
+        parser.error(f"--method {args.method} needs --draft-model")
     print(f"cpu: {cpu()}", flush=True)
+    runs = []
     with tempfile.TemporaryDirectory() as logs:
         log_dir = pathlib.Path(logs)
         started = time.monotonic()
-        with running_stack(args.target, args.draft, method="model", log_dir=log_dir, timeout_s=900,
-                           verifier_args=["--dtype", args.dtype, *args.verifier_arg],
-                           draft_args=["--dtype", args.dtype]) as services:
+        kwargs = stack_kwargs(args, args.verifier_arg)
+        kwargs["draft_args"] = [*kwargs["draft_args"], *args.draft_arg]
+        with running_stack(args.model, log_dir=log_dir, **kwargs) as services:
             print(f"stack SERVING after {time.monotonic() - started:.0f} s", flush=True)
-            identical = True
             with grpc.insecure_channel(services["gateway"].address) as channel:
                 stub = gateway_pb2_grpc.GatewayStub(channel)
                 for prompt in PROMPTS[:args.prompts]:
@@ -83,16 +100,26 @@ def main(argv=None) -> int:
                           flush=True)
                     for k in [None, *args.k]:
                         result = run(stub, prompt, args.max_tokens, k)
-                        same = result["tokens"] == plain["tokens"]
-                        identical &= same
-                        print(json.dumps({"prompt": prompt[:40], "identical": same,
-                                          "vs_off": round(result["tok_s"] / plain["tok_s"], 3),
-                                          **{k: v for k, v in result.items() if k != "tokens"}}), flush=True)
+                        row = {"prompt": prompt[:40], "identical": result["tokens"] == plain["tokens"],
+                               "vs_off": round(result["tok_s"] / plain["tok_s"], 3),
+                               **{k: v for k, v in result.items() if k != "tokens"}}
+                        runs.append({**row, "off_tok_s": plain["tok_s"]})
+                        print(json.dumps(row), flush=True)
             log = "".join(path.read_text() for path in log_dir.glob("verifier_service-*.log"))
             timeouts = log.count("no block within") + log.count("TimeoutError")  # this code's message, and before
             print(f"verifier log: {timeouts} timed-out rounds, "
                   f"{log.count('decoding without the draft')} rounds without the draft", flush=True)
-    print("greedy output identical to k = 0 on every run" if identical else "OUTPUT DIFFERS", flush=True)
+    identical = all(r["identical"] for r in runs)
+    print(f"greedy output identical to k = 0 on {sum(r['identical'] for r in runs)} of {len(runs)} runs", flush=True)
+    if args.out:
+        pathlib.Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        pathlib.Path(args.out).write_text(json.dumps({
+            "model": pathlib.Path(args.model).name, "draft_model": pathlib.Path(args.draft_model).name
+            if args.draft_model else "", "method": args.method, "draft_args": args.draft_arg, "engine": args.engine, "dtype": args.dtype,
+            "max_tokens": args.max_tokens, "machine": machine_info(args.threads, "PASSIVE"),
+            "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "identical": identical,
+            "timed_out_rounds": timeouts, "runs": runs}, indent=1) + "\n")
+        print(f"wrote {args.out}")
     return 0 if identical else 1
 
 

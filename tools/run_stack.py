@@ -17,6 +17,7 @@ import grpc
 
 from specdec.decoding.chat_format import chatml
 from devkit.stack import running_stack
+from draft_service.config import MODEL_METHODS
 from specdec.v1 import gateway_pb2, gateway_pb2_grpc
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -46,12 +47,17 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", required=True, help="target model directory")
     parser.add_argument("--draft-model", default="", help="draft model dir (method=model); default: suffix decoding")
+    parser.add_argument("--method", default="", choices=["", "model", "suffix", "hybrid"],
+                        help="the draft method (default: model with --draft-model, else suffix; hybrid needs "
+                             "--draft-model)")
     # float32: exact, and on the 2-core CI CPU (torch 2.13) faster than bfloat16 for multi-token passes
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--no-demo", action="store_true")
     parser.add_argument("--demo", default="json", choices=list(DEMOS), help="the demo's requests")
     args = parser.parse_args()
-    method = "model" if args.draft_model else "suffix"
+    method = args.method or ("model" if args.draft_model else "suffix")
+    if method in MODEL_METHODS and not args.draft_model:
+        parser.error(f"--method {method} needs --draft-model")
     log_dir = ROOT / ".cache" / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
     print(f"==> starting draft ({method}), verifier ({args.dtype}) and gateway; logs in {log_dir}", flush=True)
@@ -59,7 +65,7 @@ def main() -> int:
     try:
         with running_stack(args.model, args.draft_model or None, method=method, log_dir=log_dir, ports=PORTS,
                            verifier_args=["--dtype", args.dtype],
-                           draft_args=["--dtype", args.dtype] if method == "model" else []) as services:
+                           draft_args=["--dtype", args.dtype] if method in MODEL_METHODS else []) as services:
             # Block the signals only now: children started earlier must not inherit the mask.
             signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
             print(f"==> all three services SERVING after {time.monotonic() - started:.1f} s", flush=True)

@@ -228,6 +228,10 @@ def draft_step_seconds(model_dir: str, dtype: str, threads: int, context: int = 
     return statistics.median(times[2:])
 
 
+# Draft methods that run the draft model (--draft-model): they take its dtype
+MODEL_METHODS = ("model", "hybrid")
+
+
 def add_stack_options(parser, repeats: int, max_tokens: int = 48) -> None:
     """The options of the load tools (bench context, bench concurrency) that choose and start the stack."""
     parser.add_argument("--model", required=True, type=model_dir, help="target model directory")
@@ -249,8 +253,10 @@ def stack_kwargs(args, verifier_args=()) -> dict:
     verifier = ["--dtype", args.dtype, "--engine", args.engine, *verifier_args]
     if args.engine == "transformers":
         verifier += ["--threads", str(args.threads)]
-    draft = {"method": "model", "draft_dir": args.draft_model, "draft_args": ["--dtype", args.dtype]} \
-        if getattr(args, "draft_model", "") else {"method": "ngram"}
+    draft_model = getattr(args, "draft_model", "")
+    method = getattr(args, "method", "") or ("model" if draft_model else "ngram")
+    draft = {"method": method, "draft_dir": draft_model or None,
+             "draft_args": ["--dtype", args.dtype] if draft_model and method in MODEL_METHODS else []}
     return {**draft, "verifier_args": verifier, "env": {"OMP_WAIT_POLICY": "PASSIVE"},
-            "timeout_s": 900 if getattr(args, "draft_model", "") else 300,
+            "timeout_s": 900 if draft_model else 300,
             "verifier_python": args.vllm_python if args.engine == "vllm" else None}

@@ -332,7 +332,7 @@ def plot(path: pathlib.Path, result: dict) -> None:
             label=f"model k={k_main}, c=0, rho=0, verify cost 1.0 (the classic model)")
     ax.axhline(1.0, color="red", lw=0.8, ls=":")
     markers = {"copy_heavy": "o", "structured": "s", "chat": "^", "creative": "v", "long_prompt": "D",
-               "extraction": "P", "agent_loop": "X", "sql": "*", "faq": "h"}
+               "extraction": "P", "agent_loop": "X", "sql": "*", "faq": "h", "code": "p"}
     colors = {}
     palette = ["tab:blue", "tab:orange", "tab:green", "tab:purple", "tab:brown"]
     for i, r in enumerate(sorted(rows, key=lambda r: r["acceptance_rate"])):

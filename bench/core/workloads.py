@@ -25,6 +25,9 @@ REPETITIVE_WORKLOADS = ["extraction", "agent_loop", "sql", "faq"]
 CLASSIC_WORKLOADS = ["copy_heavy", "structured", "chat", "creative", "long_prompt"]
 # The order of the default run and of the report (repetitive first: their draft cache starts cold).
 DEFAULT_WORKLOADS = REPETITIVE_WORKLOADS + CLASSIC_WORKLOADS
+# Shipped, not in the default run: code writing and refactoring (a code model's draft, the hybrid draft); named with
+# --workloads code, or the set 'all'.
+EXTRA_WORKLOADS = ["code"]
 
 
 @dataclasses.dataclass
@@ -84,8 +87,10 @@ def load_workload(name_or_path: str, max_prompts: int | None = None, max_tokens:
 
 
 def parse_workloads(spec: str) -> list[str]:
-    """--workloads: comma-separated names or .jsonl paths; 'default', 'repetitive' and 'classic' name the sets."""
-    sets = {"default": DEFAULT_WORKLOADS, "repetitive": REPETITIVE_WORKLOADS, "classic": CLASSIC_WORKLOADS}
+    """--workloads: comma-separated names or .jsonl paths; 'default', 'repetitive', 'classic' and 'all' name the
+    sets."""
+    sets = {"default": DEFAULT_WORKLOADS, "repetitive": REPETITIVE_WORKLOADS, "classic": CLASSIC_WORKLOADS,
+            "all": DEFAULT_WORKLOADS + EXTRA_WORKLOADS}
     names: list[str] = []
     for part in (p.strip() for p in spec.split(",")):
         for name in sets.get(part, [part] if part else []):
@@ -95,5 +100,5 @@ def parse_workloads(spec: str) -> list[str]:
     if missing:
         shipped = sorted(p.stem for p in WORKLOAD_DIR.glob("*.jsonl"))
         raise ValueError(f"unknown workload(s) {', '.join(missing)}: shipped are {', '.join(shipped)} "
-                         "(or give a .jsonl path, or a set: default, repetitive, classic)")
+                         "(or give a .jsonl path, or a set: default, repetitive, classic, all)")
     return names

@@ -4,15 +4,15 @@ Checks that a draft model can pair with the target (one tokenizer), the size rat
 both models and their KV caches take; then, in-process, on your prompts in their order:
   - the target's greedy continuation of each prompt, and the verify-cost curve t(n)/t(1) of this
     machine (measured here, or --verify-cost FILE);
-  - for each proposer (n-gram lookup, suffix decoding, and the draft model if given), the rounds
+  - for each proposer (n-gram lookup, suffix decoding, and the draft model and the hybrid if given), the rounds
     it would run: its proposals replayed over the target's continuation at each k (greedy
     verification accepts exactly the longest matching prefix). n-gram and suffix are the draft
     service's own classes; suffix learns from the earlier prompts' outputs, as the service does;
   - the predicted speedup of those rounds with the shared speedup model (specdec/decoding/speedup.py):
     the measured curve, the draft's cost c, the transport rho of the last benchmark, and the
     prefill share of plain decoding;
-  - the measured in-process speedup at each proposer's best k: n-gram and suffix through a real
-    speculative loop on the target (the verifier engine's rounds, without transport), a draft
+  - the measured in-process speedup at each proposer's best k: n-gram, suffix and the hybrid through a
+    real speculative loop on the target (the verifier engine's rounds, without transport), a draft
     model through Hugging Face assisted generation;
 and recommends a proposer and k, or not to speculate.
 """
@@ -40,16 +40,18 @@ if TYPE_CHECKING:
 DEFAULT_RESULTS = RESULTS_DIR / "latest.json"
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 K_VALUES = (1, 2, 3, 4, 6, 8)
-PROPOSERS = ("ngram", "suffix", "model")
+PROPOSERS = ("ngram", "suffix", "model", "hybrid")
+MODEL_PROPOSERS = ("model", "hybrid")  # run the draft model (--draft)
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m bench advise", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--target", required=True, type=model_dir, help="target model directory")
-    p.add_argument("--draft", default="", type=optional_model_dir, help="draft model directory (the 'model' proposer)")
+    p.add_argument("--draft", default="", type=optional_model_dir,
+                   help="draft model directory (the 'model' and 'hybrid' proposers)")
     p.add_argument("--method", default="", choices=["", *PROPOSERS],
-                   help="try only this proposer; default: ngram and suffix, and model when --draft is given")
+                   help="try only this proposer; default: ngram and suffix, and model and hybrid when --draft is given")
     p.add_argument("--prompts", required=True,
                    help="your prompts, in the order traffic brings them: a .jsonl in bench/workloads format, or a "
                         "text file with one prompt a line")
@@ -236,8 +238,9 @@ def predict_table(runs, drafts: replay.Drafts, c_model: float | None, target_ste
                   rho_off: float, prefill_share: float) -> list[dict]:
     """Per k: the replayed rounds and the model's speedup for the service (with transport) and in-process (without).
 
-    A draft model costs c per drafted token. The no-model drafts' lookup time is per round, not per
-    token: it goes in as d = draft time per round / target step, beside rho.
+    A draft model costs c per drafted token (the hybrid's, c times the share of tokens its model side drafted). The
+    no-model drafts' lookup time is per round, not per token: it goes in as d = draft time per round / target step,
+    beside rho.
     """
     from bench.replay import loop as replay
 
@@ -245,6 +248,8 @@ def predict_table(runs, drafts: replay.Drafts, c_model: float | None, target_ste
     for k in K_VALUES:
         stats = replay.replay(runs, k, drafts.new_pass())
         c, d = (c_model, 0.0) if c_model is not None else (0.0, stats.draft_s / max(1, stats.rounds) / target_step)
+        if drafts.drafted_by is not None and c_model is not None:  # hybrid: only the model's tokens cost c
+            c = c_model * drafts.drafted_by["model"] / max(1, sum(drafts.drafted_by.values()))
         service = speedup_model.predicted_speedup_of_rounds(stats.tokens, stats.rounds_by_block, curve, c, rho + d,
                                                             rho_off)
         local = speedup_model.predicted_speedup_of_rounds(stats.tokens, stats.rounds_by_block, curve, c, d)
@@ -300,10 +305,10 @@ def main(argv: list[str] | None = None) -> int:
     """Four phases: the machine and the models, their memory, one plain greedy run, then the predictions
     (and, unless --no-measure, the in-process speedups that check them)."""
     args = build_parser().parse_args(argv)
-    if args.method == "model" and not args.draft:
-        print("--method model needs --draft DIR", file=sys.stderr)
+    if args.method in MODEL_PROPOSERS and not args.draft:
+        print(f"--method {args.method} needs --draft DIR", file=sys.stderr)
         return 2
-    names = [args.method] if args.method else ["ngram", "suffix"] + (["model"] if args.draft else [])
+    names = [args.method] if args.method else ["ngram", "suffix"] + (list(MODEL_PROPOSERS) if args.draft else [])
     # OpenMP reads this when torch loads: spinning threads make a busy, shared machine collapse (docs/benchmark.md).
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     import torch
@@ -341,7 +346,7 @@ def load_models(args: argparse.Namespace, names: list[str]) -> Models:
     models = Models(target, target_tok, None, None,
                     {"target": (json.loads((pathlib.Path(args.target) / "config.json").read_text()),
                                 target_info.num_parameters)})
-    if "model" in names:
+    if set(names) & set(MODEL_PROPOSERS):
         draft_tok = load_tokenizer(args.draft)
         models.draft = load_causal_lm(args.draft, dtype=args.dtype)
         draft_info = describe(args.draft, draft_tok, models.draft)
@@ -357,7 +362,7 @@ def load_models(args: argparse.Namespace, names: list[str]) -> Models:
                                if not models.mismatch else
                                "INCOMPATIBLE: " + models.mismatch + " (the draft model is left out)"))
         if models.mismatch:
-            names.remove("model")
+            names[:] = [n for n in names if n not in MODEL_PROPOSERS]
     if set(names) & {"ngram", "suffix"}:
         print("no-model drafts: " + ", ".join(n for n in names if n != "model")
               + " (no weights; the target's tokenizer; the suffix cache is bounded by --suffix-max-cached-tokens)")
@@ -409,11 +414,14 @@ def predict(args: argparse.Namespace, models: Models, names: list[str]):
     drafts = {"ngram": replay.ngram_drafts(), "suffix": replay.suffix_drafts()}
     if "model" in names:
         drafts["model"] = replay.model_drafts(models.draft, max(K_VALUES))
-    c_model = step_time(models.draft, context) / target_step if "model" in names else None
+    if "hybrid" in names:
+        drafts["hybrid"] = replay.hybrid_drafts(models.draft, max(K_VALUES))
+    uses_model = set(names) & set(MODEL_PROPOSERS)
+    c_model = step_time(models.draft, context) / target_step if uses_model else None
     tables = {}
     for name in names:
-        table = predict_table(runs, drafts[name], c_model if name == "model" else None, target_step, curve, rho,
-                              rho_off, prefill_share)
+        table = predict_table(runs, drafts[name], c_model if name in MODEL_PROPOSERS else None, target_step, curve,
+                              rho, rho_off, prefill_share)
         tables[name] = table
         print(f"\n{name}: c = {table[0]['c']:.4f} per drafted token, d = {statistics.median(r['d'] for r in table):.4f} "
               "per round (draft time over the target step)")

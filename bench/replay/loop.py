@@ -34,6 +34,8 @@ class Drafts:
     name: str
     new_pass: Callable[[], OpenSequence]
     sizes_blocks: bool = False  # the proposer's `sizes_blocks`: it returns fewer tokens where its evidence is weak
+    # hybrid: the tokens each side drafted since the last new_pass() (a draft model's cost is only its side's)
+    drafted_by: collections.Counter | None = None
 
 
 def ngram_drafts(min_n: int = 1, max_n: int = 4) -> Drafts:
@@ -88,6 +90,30 @@ class ModelSequence(DraftSequence):
 def model_drafts(model, k_max: int) -> Drafts:
     memo: dict[tuple[int, ...], list[int]] = {}
     return Drafts("model", lambda: (lambda prompt_ids: ModelSequence(prompt_ids, model, k_max, memo)))
+
+
+def hybrid_drafts(model, k_max: int, min_suffix: int | None = None) -> Drafts:
+    """The draft service's hybrid (`draft_service.hybrid`) over the suffix proposer and the draft model's replay;
+    `drafted_by` counts each side's tokens."""
+    from draft_service.hybrid import HybridConfig, HybridSequence
+
+    suffix, memo = suffix_drafts(), {}
+    min_suffix = HybridConfig.hybrid_min_suffix if min_suffix is None else min_suffix
+    drafted_by: collections.Counter = collections.Counter()
+
+    class CountedHybrid(HybridSequence):
+        def propose(self, k: int) -> DraftBlock:
+            block = super().propose(k)
+            drafted_by[self.source] += len(block.token_ids)
+            return block
+
+    def new_pass() -> OpenSequence:
+        drafted_by.clear()
+        open_suffix = suffix.new_pass()
+        return lambda prompt_ids: CountedHybrid(open_suffix(prompt_ids), ModelSequence(prompt_ids, model, k_max, memo),
+                                                min_suffix)
+
+    return Drafts("hybrid", new_pass, drafted_by=drafted_by)
 
 
 @dataclasses.dataclass

@@ -143,7 +143,9 @@ def stack(args, method: str):
     from devkit.stack import running_stack
 
     verifier = ["--dtype", args.dtype, "--threads", str(args.threads)]
-    draft = ["--dtype", args.dtype] if method == "model" else []
+    from draft_service.config import MODEL_METHODS
+
+    draft = ["--dtype", args.dtype] if method in MODEL_METHODS else []
     return running_stack(args.model, args.draft_model, method=method, verifier_args=verifier, draft_args=draft,
                          env={"OMP_WAIT_POLICY": "PASSIVE"}, timeout_s=900)
 

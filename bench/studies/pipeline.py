@@ -49,6 +49,7 @@ import grpc
 
 from bench.core.latency_proxy import LatencyProxy
 from bench.core.workloads import load_workload
+from draft_service.config import MODEL_METHODS
 from specdec.runtime.config import ModelConfig, choices, model_dir, optional_model_dir
 from devkit.stack import Service, scrape_metrics, wait_serving
 from specdec.v1 import common_pb2, verifier_pb2, verifier_pb2_grpc
@@ -78,8 +79,9 @@ def baseline_of(args) -> dict[str, str]:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", required=True, type=model_dir, help="target model directory")
-    parser.add_argument("--method", default="ngram", choices=["ngram", "suffix", "model"])
-    parser.add_argument("--draft-model", default="", type=optional_model_dir, help="the draft LM for --method model (default: --model)")
+    parser.add_argument("--method", default="ngram", choices=["ngram", "suffix", "model", "hybrid"])
+    parser.add_argument("--draft-model", default="", type=optional_model_dir,
+                        help="the draft LM for --method model or hybrid (default: --model)")
     parser.add_argument("--dtype", default="float32", choices=choices(ModelConfig, "dtype"))
     parser.add_argument("--threads", type=int, default=2, help="torch threads of each verifier")
     parser.add_argument("--delays", default="0,5,20", help="round trips to sweep, ms (the proxy adds half each way)")
@@ -105,8 +107,8 @@ def split_stack(args, log_dir: pathlib.Path):
     threads = "1" if args.pin_cores else str(args.threads)
     services = []
     try:
-        draft_args = ["--model", draft_model if args.method == "model" else args.model, "--method", args.method]
-        if args.method == "model":  # a model draft drafts ahead only when told (--propose-ahead)
+        draft_args = ["--model", draft_model if args.method in MODEL_METHODS else args.model, "--method", args.method]
+        if args.method in MODEL_METHODS:  # a model draft drafts ahead only when told (--propose-ahead)
             draft_args += ["--dtype", args.dtype, "--propose-ahead", "always"]
         services.append(Service("draft_service", draft_args, {**env, "OMP_NUM_THREADS": threads}, log_dir,
                                 launcher=pin(1)))

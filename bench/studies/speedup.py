@@ -55,7 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workloads", default="default",
                    help="comma-separated names in bench/workloads/ or .jsonl paths, played in this order; the sets "
                         "'default' (repetitive + classic), 'repetitive' (extraction, agent_loop, sql, faq) and "
-                        "'classic' (copy_heavy, structured, chat, creative, long_prompt) expand")
+                        "'classic' (copy_heavy, structured, chat, creative, long_prompt) and 'all' (default + code) "
+                        "expand")
     p.add_argument("--prompts-per-workload", type=int, default=None, help="first N prompts of each (default all)")
     p.add_argument("--max-tokens", type=int, default=None, help="cap every prompt's max_tokens")
     p.add_argument("--fixed-k", default="",

@@ -105,3 +105,10 @@ SUFFIX_PROPOSALS_MATCHED = Counter(
     "Suffix proposals that drafted at least one token, by the tree that won (request or cache)",
     ["source"],
 )
+# Hybrid draft (--method hybrid): which side drafted each block
+HYBRID_BLOCKS = Counter(
+    "specdec_draft_hybrid_blocks",
+    "Hybrid draft blocks by the side that drafted them (suffix: its match reached --hybrid-min-suffix tokens; "
+    "model: otherwise)",
+    ["source"],
+)

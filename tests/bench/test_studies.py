@@ -261,12 +261,12 @@ def test_advisor_on_tiny_pair_compares_proposers(tiny_pair, tmp_path, capsys):
     # every measurement runs the target as the verifier does: prepacked in float32 (curve and loop alike)
     assert "linears prepacked for oneDNN, as the verifier runs them" in out
     assert "verify cost (measured in-process" in out and "t(4)/t(1) = " in out
-    for name in ("ngram", "suffix", "model"):
+    for name in ("ngram", "suffix", "model", "hybrid"):
         assert f"\n{name}: c = " in out
         assert f"measured in-process ({'HF assisted generation' if name == 'model' else 'speculative loop'}, {name} " \
             in out
     recommendation = out.split("recommendation: ", 1)[1]
-    assert recommendation.startswith(("USE ngram", "USE suffix", "USE model", "DON'T"))
+    assert recommendation.startswith(("USE ngram", "USE suffix", "USE model", "USE hybrid", "DON'T"))
     assert main(["--target", str(target), "--method", "suffix", "--prompts", str(prompts), "--max-prompts", "3",
                  "--max-tokens", "8", "--context", "256", "--rho", "0.1", "--verify-cost-repeats", "2",
                  "--no-measure"]) == 0

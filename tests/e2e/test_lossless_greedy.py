@@ -5,6 +5,7 @@ import os
 import pytest
 import torch
 
+from devkit.stack import scrape_metrics
 from specdec.modeling.models import load_causal_lm, load_tokenizer
 from specdec.v1 import gateway_pb2
 
@@ -42,9 +43,10 @@ def reference(tiny_pair):
 
 
 @pytest.mark.parametrize("k", [1, 4, 8])
-@pytest.mark.parametrize("stack", ["ngram", "model", "suffix"], indirect=True)  # suffix: its cache warms over k
+# suffix and hybrid: the suffix cache warms over k
+@pytest.mark.parametrize("stack", ["ngram", "model", "suffix", "hybrid"], indirect=True)
 def test_greedy_output_is_token_identical_to_target_only_decoding(stack, reference, k):
-    method, _services, gateway = stack
+    method, services, gateway = stack
     mismatches, accepted, ahead_used = [], 0, 0
     for prompt in PROMPTS:
         response = gateway.Generate(gateway_pb2.GenerateRequest(
@@ -62,6 +64,10 @@ def test_greedy_output_is_token_identical_to_target_only_decoding(stack, referen
     if method == "suffix" and k > 1:
         # the same prompts ran at k=1 first: their outputs are in the suffix cache, so drafts must be accepted
         assert accepted > len(PROMPTS), f"suffix k={k}: only {accepted} drafts accepted with a warm cache"
+    if method == "hybrid" and k > 1:  # the warm cache answers the prompts seen before, the model the rest
+        drafted = scrape_metrics(services["draft"].metrics_port)
+        for source in ("suffix", "model"):
+            assert drafted.get(("specdec_draft_hybrid_blocks_total", (("source", source),)), 0) > 0, source
 
 
 @pytest.mark.parametrize("stack", ["model:wrong_ahead"], indirect=True)

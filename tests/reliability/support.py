@@ -19,6 +19,7 @@ import grpc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
 from devkit.stack import Service, free_port, stop_all, wait_serving
+from draft_service.config import MODEL_METHODS
 
 API_KEY = "sk-reliability-7f3c1e9a0b5d"  # a canary: it must never show up in a log or a span
 PROMPT_CANARY = "Canary prompt: zebra quasar marmalade"  # likewise, by default
@@ -57,7 +58,7 @@ class Stack:
             raise
 
     def _draft(self, args, port: int = 0, metrics_port: int = 0) -> Service:
-        model = self.draft_dir if self.method == "model" else self.target_dir
+        model = self.draft_dir if self.method in MODEL_METHODS else self.target_dir
         tls_args = self.tls.service_args() if self.tls else []
         return Service("draft_service", ["--model", model, "--method", self.method, "--grace-s", "1", *tls_args,
                                          *args], self.env, self.log_dir, port, metrics_port)

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from bench.core.workloads import (DEFAULT_WORKLOADS, REPETITIVE_WORKLOADS, WORKLOAD_DIR, chatml_conversation,
-                             load_workload, parse_workloads)
+from bench.core.workloads import (DEFAULT_WORKLOADS, EXTRA_WORKLOADS, REPETITIVE_WORKLOADS, WORKLOAD_DIR,
+                                  chatml_conversation, load_workload, parse_workloads)
 from specdec.decoding.chat_format import chatml
 
 
@@ -80,6 +80,18 @@ def test_faq_repeats_questions_exactly_and_nearly():
     assert sum("password" in q.lower() for q in questions) >= 5
 
 
+def test_code_writes_and_refactors_code_given_in_the_prompt():
+    """20+ distinct code requests in several languages; the refactors carry their code, so the output copies it."""
+    prompts = load_workload("code")
+    texts = [line["prompt"] for line in _lines("code")]
+    assert len(prompts) >= 20 and len({p.id for p in prompts}) == len(set(texts)) == len(prompts)
+    assert all(p.temperature == 0.0 and 48 <= p.max_tokens <= 160 for p in prompts)
+    refactors = [t for t in texts if "```python\n" in t]
+    assert len(refactors) >= 8 and all(t.count("def ") >= 1 for t in refactors)
+    for kind in ("bash", "sqlite3", "JavaScript", "class"):
+        assert any(kind in t for t in texts), kind
+
+
 def test_shipped_files_are_what_the_generator_writes(tmp_path, monkeypatch):
     generator = _generator()
     monkeypatch.setattr(generator, "__file__", str(tmp_path / "make_repetitive.py"))
@@ -112,5 +124,6 @@ def test_workload_sets():
     assert parse_workloads("default") == DEFAULT_WORKLOADS
     assert DEFAULT_WORKLOADS[:4] == REPETITIVE_WORKLOADS and len(DEFAULT_WORKLOADS) == 9
     assert parse_workloads("faq, repetitive,chat") == ["faq", "extraction", "agent_loop", "sql", "chat"]
+    assert parse_workloads("all") == DEFAULT_WORKLOADS + EXTRA_WORKLOADS and "code" not in DEFAULT_WORKLOADS
     with pytest.raises(ValueError, match="unknown workload"):
         parse_workloads("faq,nope")

@@ -1,0 +1,155 @@
+"""The hybrid draft: the suffix side answers where its match is long, the model elsewhere; both sides stay in step."""
+
+import pytest
+import torch
+from prometheus_client import REGISTRY
+
+from draft_service.hybrid import HybridConfig, HybridProposer
+from draft_service.model_draft import ModelProposer
+from draft_service.suffix import SuffixProposer
+from specdec.decoding.sampling import SamplingParams
+from specdec.modeling.models import load_causal_lm
+
+# A span the request's own suffix tree finds again: the prompt ends with its first 12 tokens, so the suffix side
+# drafts the rest of the span (a 12-token match). UNSEEN never occurs in it: after it, nothing matches.
+SPAN = [20 + 7 * i % 250 for i in range(30)]
+REPEATED = SPAN + SPAN[:12]
+UNIQUE = list(range(100, 140))
+UNSEEN = 300
+
+
+@pytest.fixture(scope="module")
+def model(tiny_pair):
+    return load_causal_lm(str(tiny_pair[1]))
+
+
+def start(model, prompt, min_suffix=4, sampling=SamplingParams(), return_probs=False):
+    return HybridProposer(SuffixProposer(), ModelProposer(model), min_suffix).start(prompt, sampling, return_probs)
+
+
+def counting_feeds(seq, monkeypatch) -> list[int]:
+    """The lengths the model side feeds, one entry per forward."""
+    fed, original = [], seq.model._feed
+    monkeypatch.setattr(seq.model, "_feed", lambda ids: fed.append(len(ids)) or original(ids))
+    return fed
+
+
+def blocks(source: str) -> float:
+    return REGISTRY.get_sample_value("specdec_draft_hybrid_blocks_total", {"source": source}) or 0.0
+
+
+def in_step(seq) -> bool:
+    return seq.tokens == seq.suffix.tokens == seq.model.tokens
+
+
+def test_a_repeated_span_is_drafted_by_the_suffix_side_without_a_model_forward(model, monkeypatch):
+    seq = start(model, REPEATED)
+    fed = counting_feeds(seq, monkeypatch)
+    before = blocks("suffix")
+    block = seq.propose(6)
+    assert seq.source == "suffix" and block.token_ids == SPAN[12:18] and block.probs is None
+    assert fed == [] and in_step(seq)  # the model side adopted the block's ids, nothing more
+    assert blocks("suffix") == before + 1
+
+
+def test_without_a_match_the_model_drafts(model):
+    seq = start(model, UNIQUE)
+    before = blocks("model")
+    block = seq.propose(4)
+    assert seq.source == "model" and len(block.token_ids) == 4
+    reference = ModelProposer(model).start(UNIQUE, SamplingParams(), False).propose(4)
+    assert block.token_ids == reference.token_ids  # greedy: the model side's own block
+    assert in_step(seq) and blocks("model") == before + 1
+
+
+def test_a_match_shorter_than_the_threshold_goes_to_the_model(model):
+    """Two tokens that occurred before, followed by the same token: a 2-token match drafts at most 2 tokens, below
+    --hybrid-min-suffix 4; at 2 the suffix side answers."""
+    prompt = UNIQUE + [7, 8, 9] + UNIQUE[-2:]
+    weak, strong = start(model, prompt, min_suffix=4), start(model, prompt, min_suffix=2)
+    weak.propose(4)
+    strong.propose(4)
+    assert weak.source == "model" and strong.source == "suffix"
+    assert in_step(weak) and in_step(strong)
+
+
+def test_the_threshold_is_judged_on_the_match_even_below_it(model):
+    """k smaller than --hybrid-min-suffix: the suffix side still needs a match that long, and answers k tokens."""
+    seq = start(model, REPEATED, min_suffix=4)
+    block = seq.propose(2)
+    assert seq.source == "suffix" and block.token_ids == SPAN[12:14]
+    assert in_step(seq)  # the suffix's tokens past k were retracted
+    short = start(model, UNIQUE + [7, 8, 9] + UNIQUE[-2:], min_suffix=4)
+    short.propose(2)
+    assert short.source == "model"
+
+
+def test_rollback_keeps_both_sides_in_step_and_the_model_catches_up_in_one_forward(model, monkeypatch):
+    seq = start(model, REPEATED)
+    fed = counting_feeds(seq, monkeypatch)
+    for _ in range(2):  # the suffix side answers twice; the target keeps 3 of each block, then its own token
+        block = seq.propose(6)
+        assert seq.source == "suffix"
+        kept = len(seq.tokens) - len(block.token_ids) + 3
+        seq.update(kept, [block.token_ids[3]])
+        assert in_step(seq)
+    assert fed == []
+    seq.update(len(seq.tokens), [UNSEEN])  # nothing after UNSEEN matches: the model drafts
+    lag = len(seq.tokens) - seq.model.cached_length
+    block = seq.propose(3)
+    assert seq.source == "model" and in_step(seq)
+    assert fed[0] == lag and len(fed) == 3  # the whole lag in the first forward, then one token per draft token
+    seq.update(len(seq.tokens) - 2, [5])  # rolled back into the model's block
+    assert in_step(seq) and seq.tokens[-2:] == [block.token_ids[0], 5]
+    logits = seq.model._feed(seq.tokens[seq.model.cached_length:])
+    with torch.inference_mode():
+        fresh = model(input_ids=torch.tensor([seq.tokens])).logits[0, -1]
+    torch.testing.assert_close(logits, fresh, rtol=1e-4, atol=1e-4)
+
+
+def test_the_model_sides_kept_tokens_are_indexed_by_the_suffix_side(model):
+    """Verified tokens enter the request's suffix tree whichever side drafted them; proposals never do."""
+    seq = start(model, UNIQUE)
+    block = seq.propose(4)
+    assert seq.suffix.verified_length == len(UNIQUE)  # proposed, not verified
+    seq.update(len(seq.tokens), [UNSEEN])
+    assert seq.suffix.verified_length == len(UNIQUE) + 5
+    seq.update(len(seq.tokens), UNIQUE[-4:])  # the prompt's last 4 tokens again: what followed them was the model's
+    assert seq.propose(4).token_ids == block.token_ids and seq.source == "suffix"
+
+
+def test_sampling_carries_q_for_model_blocks_and_none_for_suffix_blocks(model):
+    """Each block from one side: the model's with its q rows, the suffix's one-hot (probs None)."""
+    sampling = SamplingParams(temperature=0.8, top_k=5)
+    seq = start(model, REPEATED, sampling=sampling, return_probs=True)
+    suffix_block = seq.propose(4)
+    assert seq.source == "suffix" and suffix_block.probs is None
+    seq.update(len(seq.tokens), [UNSEEN])
+    model_block = seq.propose(3)
+    assert seq.source == "model" and model_block.probs.shape == (3, model.config.vocab_size)
+    torch.testing.assert_close(model_block.probs.sum(-1), torch.ones(3))
+
+
+def test_drafting_ahead_syncs_and_confirms_both_sides(model):
+    seq = start(model, REPEATED)
+    block = seq.propose(4)
+    seq.update(len(seq.tokens), [SPAN[16]], assumed=True)  # the verifier's next sync, guessed
+    assert in_step(seq) and seq.suffix.verified_length == len(REPEATED)
+    seq.confirm(len(seq.tokens))
+    assert seq.suffix.verified_length == len(REPEATED) + len(block.token_ids) + 1
+
+
+def test_finish_caches_the_output_for_the_next_request(model):
+    proposer = HybridProposer(SuffixProposer(), ModelProposer(model), 4)
+    first = proposer.start(UNIQUE, SamplingParams(), False)
+    output = list(range(200, 216))
+    first.update(len(first.tokens), output)
+    first.finish()
+    first.close()
+    second = proposer.start(list(range(150, 160)) + output[:6], SamplingParams(), False)
+    assert second.propose(4).token_ids == output[6:10] and second.source == "suffix"
+
+
+def test_min_suffix_below_one_is_refused():
+    with pytest.raises(ValueError, match="--hybrid-min-suffix"):
+        HybridConfig(hybrid_min_suffix=0)
