@@ -6,6 +6,7 @@ import dataclasses
 import logging
 
 from draft_service.config import MODEL_METHODS, DraftConfig
+from draft_service.grammar_draft import GrammarProposer
 from draft_service.hybrid import HybridProposer
 from draft_service.model_draft import ModelProposer
 from draft_service.ngram import NgramProposer
@@ -24,6 +25,16 @@ DEFAULTS = {"host": "127.0.0.1", "port": 50053, "metrics_port": 9103}
 
 
 def build_servicer(cfg: DraftConfig) -> DraftServicer:
+    servicer = build_proposer_servicer(cfg)
+    if cfg.grammar_draft == "on" or cfg.method == "grammar":  # constrained requests draft with their grammar
+        tokenizer = models.load_tokenizer(cfg.model)
+        inner = None if cfg.method == "grammar" else servicer.proposer
+        servicer.proposer = GrammarProposer(inner, tokenizer, servicer.info.vocab_size,
+                                            list(servicer.info.eos_token_ids))
+    return servicer
+
+
+def build_proposer_servicer(cfg: DraftConfig) -> DraftServicer:
     if not cfg.model:
         raise models.ModelLoadError("--model is required: the draft model dir, or for n-gram the target's tokenizer dir")
     tokenizer = models.load_tokenizer(cfg.model)

@@ -21,9 +21,10 @@ class DraftConfig(ModelConfig, SuffixConfig, HybridConfig, FaultInjection, Bench
     model: str = option("", "draft model dir (method=model or hybrid), or the tokenizer dir the n-gram proposer "
                             "reports")
     method: str = option("ngram", "proposer: a small causal LM, n-gram lookup in the request, suffix decoding "
-                                  "over the request and earlier outputs, or hybrid (suffix where it matches, the "
-                                  "model otherwise) (replay: a benchmarking tool, needs --enable-benchmark-drafts)",
-                         choices=["model", "ngram", "suffix", "hybrid", "replay"])
+                                  "over the request and earlier outputs, hybrid (suffix where it matches, the "
+                                  "model otherwise), or only the text a constrained request's grammar forces "
+                                  "(replay: a benchmarking tool, needs --enable-benchmark-drafts)",
+                         choices=["model", "ngram", "suffix", "hybrid", "grammar", "replay"])
     ngram_min: int = option(1, "shortest n-gram the lookup matches")
     ngram_max: int = option(4, "longest n-gram the lookup matches")
     max_sequences: int = option(256, "live sequences at most; more get RESOURCE_EXHAUSTED")
@@ -34,6 +35,9 @@ class DraftConfig(ModelConfig, SuffixConfig, HybridConfig, FaultInjection, Bench
                                          "ahead with cheap proposers only (ngram, suffix: a model draft busy drafting "
                                          "ahead answers every miss only after finishing that block), "
                                          "with every proposer, or never", choices=["cheap", "always", "never"])
+    grammar_draft: str = option("on", "structured outputs: the request's grammar cuts each block at its first "
+                                      "forbidden token and drafts the text it forces (off: the proposer alone; the "
+                                      "verifier enforces the constraint either way)", choices=["on", "off"])
 
     def __post_init__(self):
         SuffixConfig.__post_init__(self)

@@ -86,6 +86,8 @@ class Proposer(abc.ABC):
     # Sizes its own blocks: returns fewer tokens than asked, or none, where its evidence is weak, so the
     # verifier asks it for its longest block whenever drafting pays (GetDraftInfoResponse.sizes_blocks).
     sizes_blocks: bool = False
+    # Takes the request's constraint: `start(..., constraint=, output_start=, request_id=)` (the grammar draft)
+    takes_constraints: bool = False
 
     @abc.abstractmethod
     def start(self, prompt_ids: list[int], sampling: SamplingParams, return_probs: bool,

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import logging
 import time
 
@@ -24,6 +25,7 @@ from draft_service.config import DraftConfig
 from draft_service.faults import inject_ahead_fault
 from draft_service.proposer import DraftSequence, Proposer, ProposerError
 from specdec.decoding.draft_block import DraftBlock
+from specdec.decoding.grammar import constraint_set
 from specdec.runtime import limits
 from specdec.runtime import metrics
 from specdec.decoding.sampling import from_proto
@@ -61,9 +63,13 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
                                 f"the draft holds {len(self.live)} live sequences, its cap (--max-sequences); retry later")
         sampling = from_proto(start.sampling)
+        opener = self.proposer.start
+        if self.proposer.takes_constraints and constraint_set(start.constraint):  # the grammar drafts too
+            opener = functools.partial(self.proposer.start, constraint=start.constraint,
+                                       output_start=start.output_start or None, request_id=start.request_id)
         try:
-            sequence = await self._run(self.proposer.start, list(start.prompt_token_ids), sampling,
-                                       start.return_probs, start.tenant)
+            sequence = await self._run(opener, list(start.prompt_token_ids), sampling, start.return_probs,
+                                       start.tenant)
         except (ValueError, RuntimeError, ProposerError) as exc:  # e.g. a seed the generator cannot take
             log.warning("request %s: cannot start a draft sequence: %s", start.request_id, exc)
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"start: cannot start the sequence: {exc}")
@@ -186,7 +192,8 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
         metrics.DRAFT_TOKENS_PROPOSED.inc(len(proposal.token_ids))
         probs = b"" if proposal.probs is None else proposal.probs.numpy().astype("<f4", copy=False).tobytes()
         return draft_pb2.ProposeResponse(token_ids=proposal.token_ids, probs=probs, sequence_length=sequence_length,
-                                         round=round_, num_chained=proposal.num_chained)
+                                         round=round_, num_chained=proposal.num_chained,
+                                         num_forced=proposal.num_forced)
 
     @staticmethod
     def _step(sequence: DraftSequence, keep_length: int, append: list[int], n: int, assumed: bool) -> DraftBlock:
@@ -218,4 +225,7 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
         problems += [f"start.sampling.{p}" for p in from_proto(start.sampling).problems()]
         problems += limits.text_problems(start.request_id, "start.request_id", limits.MAX_REQUEST_ID_LENGTH)
         problems += limits.text_problems(start.tenant, "start.tenant", limits.MAX_TENANT_LENGTH)
+        if start.output_start > len(start.prompt_token_ids):
+            problems.append(f"start.output_start {start.output_start} is past the {len(start.prompt_token_ids)} "
+                            "prompt tokens: it is where the request's output begins among them")
         return "; ".join(problems) or None

@@ -53,8 +53,10 @@ def cpu() -> str:
     return f"{model}, {os.cpu_count()} cores, flags: {' '.join(f for f in FLAGS_THAT_MATTER if f in flags)}"
 
 
-def run(stub, prompt: str, max_tokens: int, k: int | None) -> dict:
-    request = gateway_pb2.GenerateRequest(prompt=chatml(prompt), max_tokens=max_tokens, temperature=0.0)
+def run(stub, prompt: str, max_tokens: int, k: int | None, constraint=None) -> dict:
+    """One greedy request; constraint: a common_pb2.Constraint (structured outputs), or None."""
+    request = gateway_pb2.GenerateRequest(prompt=chatml(prompt), max_tokens=max_tokens, temperature=0.0,
+                                          constraint=constraint)
     if k is not None:
         request.num_speculative_tokens = k
     started = time.perf_counter()
@@ -64,7 +66,8 @@ def run(stub, prompt: str, max_tokens: int, k: int | None) -> dict:
     return {"k": "adaptive" if k is None else k, "tokens": list(response.token_ids), "seconds": round(seconds, 2),
             "tok_s": round(len(response.token_ids) / seconds, 3), "acceptance": round(stats.acceptance_rate, 3),
             "per_round": round(stats.mean_accepted_length, 2), "drafts": stats.num_drafts,
-            "fallback_rounds": stats.num_fallback_rounds, "rounds": stats.num_rounds}
+            "fallback_rounds": stats.num_fallback_rounds, "rounds": stats.num_rounds,
+            "drafted": stats.num_draft_tokens, "accepted": stats.num_accepted_tokens, "forced": stats.num_forced_tokens}
 
 
 def main(argv=None) -> int:

@@ -15,7 +15,7 @@ from specdec.decoding.sampling import SamplingParams
 from specdec.v1 import common_pb2, verifier_pb2, verifier_pb2_grpc
 from verifier_service.config import VerifierConfig
 from verifier_service.engines.decode_loop import DecodeSpec, Engine, decode
-from verifier_service.draft.client import DraftLink
+from verifier_service.draft.client import Constrained, DraftLink
 from verifier_service.sequences import CapacityExceeded, SequenceRegistry
 from verifier_service.speculation.request import RequestSpeculation
 from verifier_service.speculation.policy import RoundCost, SpeculationPolicy
@@ -62,7 +62,7 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServiceServicer):
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
         live.on_reap = functools.partial(self._end_reaped_call, context, spec.request_id)
         generated = 0
-        speculation = self._speculation(spec)
+        speculation = self._speculation(spec, request.constraint if spec.grammar is not None else None)
         stopper = StopChecker(list(self.info.eos_token_ids), spec.max_tokens, spec.stop, self.tokenizer,
                               spec.prompt_ids)
         rounds = decode(self.engine, spec, speculation, stopper)
@@ -106,8 +106,9 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServiceServicer):
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
         return await asyncio.to_thread(self._grammar_compiler.matcher, compiled, constraint)
 
-    def _speculation(self, spec: DecodeSpec) -> RequestSpeculation:
-        """The request's draft session (none without a draft service) and its k policy."""
+    def _speculation(self, spec: DecodeSpec, constraint: common_pb2.Constraint | None = None) -> RequestSpeculation:
+        """The request's draft session (none without a draft service) and its k policy; a constrained request's
+        draft gets the constraint, so that its grammar drafts too."""
         policy = SpeculationPolicy(self.config.num_speculative_tokens, self.config.max_speculative_tokens,
                                    spec.num_speculative_tokens, self.config.spec_max_concurrency, self.round_cost,
                                    spec.sampling.greedy, self.draft is not None and self.draft.sizes_blocks,
@@ -116,7 +117,8 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServiceServicer):
         if self.draft is not None:
             # An engine that takes no q (vLLM's custom proposers) gets greedy drafts: one-hot q is then exact.
             sampling = spec.sampling if self.engine.takes_draft_probs else SamplingParams()
-            draft = self.draft.session(spec.request_id, sampling, spec.tenant)
+            constrained = None if constraint is None else Constrained(constraint, len(spec.prompt_ids))
+            draft = self.draft.session(spec.request_id, sampling, spec.tenant, constrained)
         return RequestSpeculation(policy, draft, trace.get_current_span(), lambda: len(self.sequences.live))
 
     async def _end_reaped_call(self, context, request_id: str) -> None:

@@ -100,9 +100,7 @@ class GrammarCompiler:
         self._xgr = xgrammar
         self.vocab_size = vocab_size
         self.stop_token_ids = list(stop_token_ids)
-        info = xgrammar.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size,
-                                                       stop_token_ids=self.stop_token_ids)
-        self._compiler = xgrammar.GrammarCompiler(info, max_threads=1)
+        self._compiler = None  # xgrammar's, over the tokenizer's vocabulary: built at the first compile (its thread)
         self._tokenizer = tokenizer
         self._control_tokens: frozenset[int] | None = None  # built at the first JSON constraint
         self._cache: collections.OrderedDict[str, object] = collections.OrderedDict()
@@ -117,12 +115,21 @@ class GrammarCompiler:
             cached = self._cache.get(constraint_key(constraint)) if constraint.WhichOneof("kind") else None
         if cached is not None:
             return cached
-        if self._pending >= MAX_PENDING_COMPILES:
-            raise GrammarBusy(f"{self._pending} constraints are compiling already; retry shortly")
-        self._pending += 1
-        try:
-            return await asyncio.get_running_loop().run_in_executor(self._thread, self.compile_now, constraint)
-        finally:
+        return await asyncio.wrap_future(self.submit(self.compile_now, constraint))
+
+    def submit(self, fn, *args) -> concurrent.futures.Future:
+        """fn(*args) on the compile thread, for compile_now or work built on it (the draft's matcher); from any
+        thread. Raises GrammarBusy when MAX_PENDING_COMPILES are waiting or running already."""
+        with self._lock:
+            if self._pending >= MAX_PENDING_COMPILES:
+                raise GrammarBusy(f"{self._pending} constraints are compiling already; retry shortly")
+            self._pending += 1
+        future = self._thread.submit(fn, *args)
+        future.add_done_callback(self._done)
+        return future
+
+    def _done(self, _future) -> None:
+        with self._lock:
             self._pending -= 1
 
     def compile_now(self, constraint: common_pb2.Constraint):
@@ -145,6 +152,10 @@ class GrammarCompiler:
         return compiled
 
     def _compile(self, kind: str, constraint: common_pb2.Constraint):
+        if self._compiler is None:  # once, on the compile thread: it reads the whole vocabulary
+            info = self._xgr.TokenizerInfo.from_huggingface(self._tokenizer, vocab_size=self.vocab_size,
+                                                            stop_token_ids=self.stop_token_ids)
+            self._compiler = self._xgr.GrammarCompiler(info, max_threads=1)
         try:
             if kind == "json_schema":
                 try:

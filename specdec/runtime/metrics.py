@@ -18,7 +18,13 @@ NUM_ACCEPTED_TOKENS = Counter("spec_decode_num_accepted_tokens", "Draft tokens a
 ACCEPTED_PER_POS = Counter(
     "spec_decode_num_accepted_tokens_per_pos", "Accepted draft tokens by draft position", ["position"]
 )
+# Structured outputs: of the draft tokens scored, those the draft's grammar forced (ProposeResponse.num_forced)
+NUM_FORCED_TOKENS = Counter("spec_decode_num_forced_tokens", "Draft tokens the request's grammar forced, scored by "
+                                                             "the verifier (a subset of num_draft_tokens)")
 DRAFT_TOKENS_PROPOSED = Counter("specdec_draft_tokens_proposed", "Tokens the draft service proposed")
+# Draft: the grammar's work on blocks (--grammar-draft): inner draft tokens cut as forbidden, forced tokens drafted
+DRAFT_GRAMMAR_TOKENS = Counter("specdec_draft_grammar_tokens", "Draft tokens the request's grammar cut (forbidden) "
+                                                               "or drafted (forced)", ["kind"])
 FALLBACK_ROUNDS = Counter("specdec_fallback_rounds", "Rounds decoded without speculation", ["reason"])
 # Pipelined drafting. Verifier: blocks the draft sent ahead, used (no round trip) or discarded. Draft: sent, and
 # whether the verifier's next sync was the one assumed (hit) or not (miss).
@@ -45,13 +51,15 @@ DRAFT_WAIT_TIME = Histogram(
 )
 
 
-def record_round(num_draft_tokens: int, num_accepted: int) -> None:
-    """Count one verified round the way vLLM does."""
+def record_round(num_draft_tokens: int, num_accepted: int, num_forced: int = 0) -> None:
+    """Count one verified round the way vLLM does (num_forced: of the draft tokens, those the grammar forced)."""
     if num_draft_tokens == 0:
         return
     NUM_DRAFTS.inc()
     NUM_DRAFT_TOKENS.inc(num_draft_tokens)
     NUM_ACCEPTED_TOKENS.inc(num_accepted)
+    if num_forced:
+        NUM_FORCED_TOKENS.inc(num_forced)
     for position in range(num_accepted):
         ACCEPTED_PER_POS.labels(position=str(position)).inc()
 

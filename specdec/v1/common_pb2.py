@@ -24,25 +24,25 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17specdec/v1/common.proto\x12\nspecdec.v1\"n\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\x12\n\x05top_p\x18\x02 \x01(\x02H\x00\x88\x01\x01\x12\r\n\x05top_k\x18\x03 \x01(\x05\x12\x11\n\x04seed\x18\x04 \x01(\x04H\x01\x88\x01\x01\x42\x08\n\x06_top_pB\x07\n\x05_seed\"\xd2\x02\n\x10SpeculationStats\x12\x12\n\nnum_drafts\x18\x01 \x01(\r\x12\x18\n\x10num_draft_tokens\x18\x02 \x01(\r\x12\x1b\n\x13num_accepted_tokens\x18\x03 \x01(\r\x12\x17\n\x0f\x61\x63\x63\x65ptance_rate\x18\x04 \x01(\x02\x12\x1c\n\x14mean_accepted_length\x18\x05 \x01(\x02\x12\x1d\n\x15\x61\x63\x63\x65pted_per_position\x18\x06 \x03(\r\x12\x12\n\nnum_rounds\x18\x07 \x01(\r\x12\x1b\n\x13num_fallback_rounds\x18\x08 \x01(\r\x12\x16\n\x0enum_ahead_used\x18\t \x01(\r\x12\x1b\n\x13num_ahead_discarded\x18\n \x01(\r\x12\x1a\n\x12num_stepped_rounds\x18\x0b \x01(\r\x12\x1b\n\x13num_prefetched_used\x18\x0c \x01(\r\"9\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\"\xe3\x01\n\tModelInfo\x12\r\n\x05model\x18\x01 \x01(\t\x12\x12\n\nvocab_size\x18\x02 \x01(\r\x12\x13\n\x0bmax_context\x18\x03 \x01(\r\x12\x15\n\reos_token_ids\x18\x04 \x03(\x05\x12\x1d\n\x15tokenizer_fingerprint\x18\x05 \x01(\t\x12\x17\n\x0ftokenizer_class\x18\x06 \x01(\t\x12\x1c\n\x14tokenizer_vocab_size\x18\x07 \x01(\r\x12\x16\n\x0enum_parameters\x18\x08 \x01(\x04\x12\x19\n\x11model_fingerprint\x18\t \x01(\t\"\x9d\x01\n\nConstraint\x12\x15\n\x0bjson_schema\x18\x01 \x01(\tH\x00\x12\x15\n\x0bjson_object\x18\x02 \x01(\x08H\x00\x12\x0f\n\x05regex\x18\x03 \x01(\tH\x00\x12%\n\x06\x63hoice\x18\x04 \x01(\x0b\x32\x13.specdec.v1.ChoicesH\x00\x12\x11\n\x07grammar\x18\x05 \x01(\tH\x00\x12\x0e\n\x06strict\x18\x06 \x01(\x08\x42\x06\n\x04kind\"\x19\n\x07\x43hoices\x12\x0e\n\x06values\x18\x01 \x03(\t*_\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17specdec/v1/common.proto\x12\nspecdec.v1\"n\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\x12\n\x05top_p\x18\x02 \x01(\x02H\x00\x88\x01\x01\x12\r\n\x05top_k\x18\x03 \x01(\x05\x12\x11\n\x04seed\x18\x04 \x01(\x04H\x01\x88\x01\x01\x42\x08\n\x06_top_pB\x07\n\x05_seed\"\xed\x02\n\x10SpeculationStats\x12\x12\n\nnum_drafts\x18\x01 \x01(\r\x12\x18\n\x10num_draft_tokens\x18\x02 \x01(\r\x12\x1b\n\x13num_accepted_tokens\x18\x03 \x01(\r\x12\x17\n\x0f\x61\x63\x63\x65ptance_rate\x18\x04 \x01(\x02\x12\x1c\n\x14mean_accepted_length\x18\x05 \x01(\x02\x12\x1d\n\x15\x61\x63\x63\x65pted_per_position\x18\x06 \x03(\r\x12\x12\n\nnum_rounds\x18\x07 \x01(\r\x12\x1b\n\x13num_fallback_rounds\x18\x08 \x01(\r\x12\x16\n\x0enum_ahead_used\x18\t \x01(\r\x12\x1b\n\x13num_ahead_discarded\x18\n \x01(\r\x12\x1a\n\x12num_stepped_rounds\x18\x0b \x01(\r\x12\x1b\n\x13num_prefetched_used\x18\x0c \x01(\r\x12\x19\n\x11num_forced_tokens\x18\r \x01(\r\"9\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\"\xe3\x01\n\tModelInfo\x12\r\n\x05model\x18\x01 \x01(\t\x12\x12\n\nvocab_size\x18\x02 \x01(\r\x12\x13\n\x0bmax_context\x18\x03 \x01(\r\x12\x15\n\reos_token_ids\x18\x04 \x03(\x05\x12\x1d\n\x15tokenizer_fingerprint\x18\x05 \x01(\t\x12\x17\n\x0ftokenizer_class\x18\x06 \x01(\t\x12\x1c\n\x14tokenizer_vocab_size\x18\x07 \x01(\r\x12\x16\n\x0enum_parameters\x18\x08 \x01(\x04\x12\x19\n\x11model_fingerprint\x18\t \x01(\t\"\x9d\x01\n\nConstraint\x12\x15\n\x0bjson_schema\x18\x01 \x01(\tH\x00\x12\x15\n\x0bjson_object\x18\x02 \x01(\x08H\x00\x12\x0f\n\x05regex\x18\x03 \x01(\tH\x00\x12%\n\x06\x63hoice\x18\x04 \x01(\x0b\x32\x13.specdec.v1.ChoicesH\x00\x12\x11\n\x07grammar\x18\x05 \x01(\tH\x00\x12\x0e\n\x06strict\x18\x06 \x01(\x08\x42\x06\n\x04kind\"\x19\n\x07\x43hoices\x12\x0e\n\x06values\x18\x01 \x03(\t*_\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'specdec.v1.common_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_FINISHREASON']._serialized_start=968
-  _globals['_FINISHREASON']._serialized_end=1063
+  _globals['_FINISHREASON']._serialized_start=995
+  _globals['_FINISHREASON']._serialized_end=1090
   _globals['_SAMPLINGPARAMS']._serialized_start=39
   _globals['_SAMPLINGPARAMS']._serialized_end=149
   _globals['_SPECULATIONSTATS']._serialized_start=152
-  _globals['_SPECULATIONSTATS']._serialized_end=490
-  _globals['_USAGE']._serialized_start=492
-  _globals['_USAGE']._serialized_end=549
-  _globals['_MODELINFO']._serialized_start=552
-  _globals['_MODELINFO']._serialized_end=779
-  _globals['_CONSTRAINT']._serialized_start=782
-  _globals['_CONSTRAINT']._serialized_end=939
-  _globals['_CHOICES']._serialized_start=941
-  _globals['_CHOICES']._serialized_end=966
+  _globals['_SPECULATIONSTATS']._serialized_end=517
+  _globals['_USAGE']._serialized_start=519
+  _globals['_USAGE']._serialized_end=576
+  _globals['_MODELINFO']._serialized_start=579
+  _globals['_MODELINFO']._serialized_end=806
+  _globals['_CONSTRAINT']._serialized_start=809
+  _globals['_CONSTRAINT']._serialized_end=966
+  _globals['_CHOICES']._serialized_start=968
+  _globals['_CHOICES']._serialized_end=993
 # @@protoc_insertion_point(module_scope)

@@ -29,7 +29,7 @@ class SamplingParams(_message.Message):
     def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., seed: _Optional[int] = ...) -> None: ...
 
 class SpeculationStats(_message.Message):
-    __slots__ = ("num_drafts", "num_draft_tokens", "num_accepted_tokens", "acceptance_rate", "mean_accepted_length", "accepted_per_position", "num_rounds", "num_fallback_rounds", "num_ahead_used", "num_ahead_discarded", "num_stepped_rounds", "num_prefetched_used")
+    __slots__ = ("num_drafts", "num_draft_tokens", "num_accepted_tokens", "acceptance_rate", "mean_accepted_length", "accepted_per_position", "num_rounds", "num_fallback_rounds", "num_ahead_used", "num_ahead_discarded", "num_stepped_rounds", "num_prefetched_used", "num_forced_tokens")
     NUM_DRAFTS_FIELD_NUMBER: _ClassVar[int]
     NUM_DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     NUM_ACCEPTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -42,6 +42,7 @@ class SpeculationStats(_message.Message):
     NUM_AHEAD_DISCARDED_FIELD_NUMBER: _ClassVar[int]
     NUM_STEPPED_ROUNDS_FIELD_NUMBER: _ClassVar[int]
     NUM_PREFETCHED_USED_FIELD_NUMBER: _ClassVar[int]
+    NUM_FORCED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     num_drafts: int
     num_draft_tokens: int
     num_accepted_tokens: int
@@ -54,7 +55,8 @@ class SpeculationStats(_message.Message):
     num_ahead_discarded: int
     num_stepped_rounds: int
     num_prefetched_used: int
-    def __init__(self, num_drafts: _Optional[int] = ..., num_draft_tokens: _Optional[int] = ..., num_accepted_tokens: _Optional[int] = ..., acceptance_rate: _Optional[float] = ..., mean_accepted_length: _Optional[float] = ..., accepted_per_position: _Optional[_Iterable[int]] = ..., num_rounds: _Optional[int] = ..., num_fallback_rounds: _Optional[int] = ..., num_ahead_used: _Optional[int] = ..., num_ahead_discarded: _Optional[int] = ..., num_stepped_rounds: _Optional[int] = ..., num_prefetched_used: _Optional[int] = ...) -> None: ...
+    num_forced_tokens: int
+    def __init__(self, num_drafts: _Optional[int] = ..., num_draft_tokens: _Optional[int] = ..., num_accepted_tokens: _Optional[int] = ..., acceptance_rate: _Optional[float] = ..., mean_accepted_length: _Optional[float] = ..., accepted_per_position: _Optional[_Iterable[int]] = ..., num_rounds: _Optional[int] = ..., num_fallback_rounds: _Optional[int] = ..., num_ahead_used: _Optional[int] = ..., num_ahead_discarded: _Optional[int] = ..., num_stepped_rounds: _Optional[int] = ..., num_prefetched_used: _Optional[int] = ..., num_forced_tokens: _Optional[int] = ...) -> None: ...
 
 class Usage(_message.Message):
     __slots__ = ("prompt_tokens", "completion_tokens")

@@ -16,7 +16,7 @@ class ProposeRequest(_message.Message):
     def __init__(self, start: _Optional[_Union[StartSequence, _Mapping]] = ..., next: _Optional[_Union[NextBlock, _Mapping]] = ...) -> None: ...
 
 class StartSequence(_message.Message):
-    __slots__ = ("request_id", "prompt_token_ids", "sampling", "return_probs", "tenant", "max_context", "pipeline")
+    __slots__ = ("request_id", "prompt_token_ids", "sampling", "return_probs", "tenant", "max_context", "pipeline", "constraint", "output_start")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
@@ -24,6 +24,8 @@ class StartSequence(_message.Message):
     TENANT_FIELD_NUMBER: _ClassVar[int]
     MAX_CONTEXT_FIELD_NUMBER: _ClassVar[int]
     PIPELINE_FIELD_NUMBER: _ClassVar[int]
+    CONSTRAINT_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_START_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
     sampling: _common_pb2.SamplingParams
@@ -31,7 +33,9 @@ class StartSequence(_message.Message):
     tenant: str
     max_context: int
     pipeline: bool
-    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., return_probs: _Optional[bool] = ..., tenant: _Optional[str] = ..., max_context: _Optional[int] = ..., pipeline: _Optional[bool] = ...) -> None: ...
+    constraint: _common_pb2.Constraint
+    output_start: int
+    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., return_probs: _Optional[bool] = ..., tenant: _Optional[str] = ..., max_context: _Optional[int] = ..., pipeline: _Optional[bool] = ..., constraint: _Optional[_Union[_common_pb2.Constraint, _Mapping]] = ..., output_start: _Optional[int] = ...) -> None: ...
 
 class NextBlock(_message.Message):
     __slots__ = ("keep_length", "append_token_ids", "num_tokens", "round")
@@ -46,7 +50,7 @@ class NextBlock(_message.Message):
     def __init__(self, keep_length: _Optional[int] = ..., append_token_ids: _Optional[_Iterable[int]] = ..., num_tokens: _Optional[int] = ..., round: _Optional[int] = ...) -> None: ...
 
 class ProposeResponse(_message.Message):
-    __slots__ = ("token_ids", "probs", "sequence_length", "round", "ahead", "answered_ahead", "num_chained")
+    __slots__ = ("token_ids", "probs", "sequence_length", "round", "ahead", "answered_ahead", "num_chained", "num_forced")
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     PROBS_FIELD_NUMBER: _ClassVar[int]
     SEQUENCE_LENGTH_FIELD_NUMBER: _ClassVar[int]
@@ -54,6 +58,7 @@ class ProposeResponse(_message.Message):
     AHEAD_FIELD_NUMBER: _ClassVar[int]
     ANSWERED_AHEAD_FIELD_NUMBER: _ClassVar[int]
     NUM_CHAINED_FIELD_NUMBER: _ClassVar[int]
+    NUM_FORCED_FIELD_NUMBER: _ClassVar[int]
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     probs: bytes
     sequence_length: int
@@ -61,7 +66,8 @@ class ProposeResponse(_message.Message):
     ahead: AheadAssumption
     answered_ahead: bool
     num_chained: int
-    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., probs: _Optional[bytes] = ..., sequence_length: _Optional[int] = ..., round: _Optional[int] = ..., ahead: _Optional[_Union[AheadAssumption, _Mapping]] = ..., answered_ahead: _Optional[bool] = ..., num_chained: _Optional[int] = ...) -> None: ...
+    num_forced: int
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., probs: _Optional[bytes] = ..., sequence_length: _Optional[int] = ..., round: _Optional[int] = ..., ahead: _Optional[_Union[AheadAssumption, _Mapping]] = ..., answered_ahead: _Optional[bool] = ..., num_chained: _Optional[int] = ..., num_forced: _Optional[int] = ...) -> None: ...
 
 class AheadAssumption(_message.Message):
     __slots__ = ("keep_length", "append_token_ids")

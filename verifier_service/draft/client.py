@@ -41,6 +41,14 @@ REQUEST_ERRORS = frozenset({grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FA
 _DRAINING: set[asyncio.Task] = set()  # strong references to streams being closed
 
 
+@dataclasses.dataclass(frozen=True)
+class Constrained:
+    """A structured-output request's constraint, sent to the draft so that its grammar drafts too."""
+
+    constraint: common_pb2.Constraint
+    output_start: int  # the request's prompt length: the constrained output begins there
+
+
 def _in_background(coroutine) -> None:
     """Run a stream's clean-up as a task, held strongly until it is done."""
     task = asyncio.get_running_loop().create_task(coroutine)
@@ -154,11 +162,13 @@ class DraftLink:
     def available(self) -> bool:
         return self.backoff.ready()
 
-    def session(self, request_id: str, sampling: SamplingParams, tenant: str = "") -> DraftSession:
+    def session(self, request_id: str, sampling: SamplingParams, tenant: str = "",
+                constraint: Constrained | None = None) -> DraftSession:
         """A handle for one sequence; its stream opens on the first proposal."""
-        return DraftSession(self, request_id, sampling, tenant)
+        return DraftSession(self, request_id, sampling, tenant, constraint)
 
-    async def open(self, request_id: str, tokens: list[int], sampling: SamplingParams, tenant: str = ""):
+    async def open(self, request_id: str, tokens: list[int], sampling: SamplingParams, tenant: str = "",
+                   constraint: Constrained | None = None):
         """Start a sequence on a new Propose stream and return the call. Raises DraftUnavailable (and backs off)."""
         try:
             if not self.checked:
@@ -170,6 +180,9 @@ class DraftLink:
                 return_probs=not sampling.greedy and sampling.seed is None, tenant=tenant,
                 max_context=self.target_info.max_context, pipeline=self.pipeline,
             )
+            if constraint is not None:  # the grammar drafts too (the draft's --grammar-draft)
+                start.constraint.CopyFrom(constraint.constraint)
+                start.output_start = constraint.output_start
             try:
                 await asyncio.wait_for(call.write(draft_pb2.ProposeRequest(start=start)), self.timeout_s)
             except BaseException:  # failed, timed out or cancelled: the draft may hold the start; end the stream
@@ -206,11 +219,13 @@ class DraftSession:
     have come ahead, drafted while the previous round was verified (`draft_stream`).
     """
 
-    def __init__(self, link: DraftLink, request_id: str, sampling: SamplingParams, tenant: str = ""):
+    def __init__(self, link: DraftLink, request_id: str, sampling: SamplingParams, tenant: str = "",
+                 constraint: Constrained | None = None):
         self.link = link
         self.request_id = request_id
         self.sampling = sampling
         self.tenant = tenant
+        self.constraint = constraint
         self.stream: ProposeStream | None = None  # the Propose stream, once opened
         self.synced = 0  # tokens[:synced] are known to be identical in the draft
         self.ahead = AheadCounts()
@@ -230,7 +245,7 @@ class DraftSession:
         if not self.link.available():
             return "backoff"
         try:
-            call = await self.link.open(self.request_id, tokens, self.sampling, self.tenant)
+            call = await self.link.open(self.request_id, tokens, self.sampling, self.tenant, self.constraint)
         except DraftUnavailable as exc:
             log.warning("request %s: decoding without the draft: %s", self.request_id, exc)
             return "unavailable"
@@ -387,9 +402,10 @@ class DraftSession:
         vocab = self.link.target_info.vocab_size
         if (len(tokens) > k and not ahead) or any(t < 0 or t >= vocab for t in tokens):
             raise DraftUnavailable(f"the draft sent an invalid block {tokens[:8]} for k={k}")
-        if response.num_chained > len(tokens):
-            raise DraftUnavailable(f"the draft said {response.num_chained} of its {len(tokens)} tokens were chained")
-        block = DraftBlock(tokens, None, ahead, response.num_chained).window(offset, k)
+        if response.num_chained + response.num_forced > len(tokens):
+            raise DraftUnavailable(f"the draft said {response.num_chained} chained and {response.num_forced} forced "
+                                   f"of its {len(tokens)} tokens")
+        block = DraftBlock(tokens, None, ahead, response.num_chained, response.num_forced).window(offset, k)
         if not response.probs:
             return block
         probs = np.frombuffer(response.probs, dtype="<f4")

@@ -30,6 +30,11 @@ verifies k draft tokens (forward pass, draft wait, transport), k = 0 being a pla
   its draft) and say so (`DraftBlock.num_chained`, the block's last tokens). Chained tokens are
   judged apart, with a server-wide acceptance of their own counted only where the tokens before
   them were all accepted, and verified only as far as they pay;
+- a constrained request's draft may end its block with tokens its grammar forced (`DraftBlock.num_forced`,
+  after any chained ones: the text the grammar leaves no choice over, as the tokenizer spells it). The
+  target accepts them almost always: they are judged apart, as chained ones are, with a server-wide
+  acceptance of their own whose prior is 1 (FORCED_PRIOR), and never count in the acceptance that prices k,
+  which would otherwise be inflated by tokens no free draft could miss;
 - such a draft's block is verified only as far as it pays (`cut_block`: the n, from none to all,
   with the most expected tokens per second on the measured round times, the draft's wait being
   paid already). Its matched tokens are judged by the server-wide acceptance of blocks whose
@@ -93,6 +98,7 @@ EXPLORE_Z = 0.5  # standard errors added to the acceptance before speculation is
 # A block's matched tokens are judged by the server-wide acceptance of blocks whose match was as long, up to this
 LENGTH_BUCKETS = 8
 FAR_DRAFT_WAIT = 0.05  # a draft whose answer takes less than this share of a plain step is near: always wait for it
+FORCED_PRIOR = 1.0  # acceptance assumed of a token the grammar forced: the target has no other choice of text
 
 
 def with_draft_pace(cost: RoundCost, times: list[float] | None, pace: typing.Any) -> list[float] | None:
@@ -130,9 +136,10 @@ class Ewma:
         self.samples += 1
 
 
-def matched_part(num_draft_tokens: int, num_accepted: int, num_chained: int) -> tuple[int, int]:
-    """A block's tokens before its last num_chained (the ones the draft matched), and how many of them were accepted."""
-    matched = num_draft_tokens - num_chained
+def matched_part(num_draft_tokens: int, num_accepted: int, num_chained: int, num_forced: int = 0) -> tuple[int, int]:
+    """A block's tokens before its chained and forced ones (the ones the draft matched: the block is laid out
+    [matched][chained][forced]), and how many of them were accepted."""
+    matched = num_draft_tokens - num_chained - num_forced
     return matched, min(num_accepted, matched)
 
 
@@ -171,25 +178,29 @@ class RoundCost:
         self.seconds: dict[int, Ewma] = {}  # by verified draft tokens
         self.acceptance = {True: Acceptance(SERVER_DECAY), False: Acceptance(SERVER_DECAY)}  # by greedy
         self.chained = {True: Acceptance(SERVER_DECAY), False: Acceptance(SERVER_DECAY)}  # chained tokens, by greedy
+        self.forced = {greedy: Acceptance(SERVER_DECAY, FORCED_PRIOR) for greedy in (True, False)}  # grammar-forced
         self.by_length: dict[bool, dict[int, Acceptance]] = {True: {}, False: {}}  # matched tokens, by drafted match
         self.plain_since_drafted = 0  # plain rounds server-wide since the last drafted one
         self.wait = Ewma()  # what a round that asked the draft waited for its answer (round trip + drafting)
 
     def observe(self, num_draft_tokens: int, num_accepted: int, round_s: float, greedy: bool = True,
-                num_chained: int = 0, drafted_matched: int = 0) -> None:
-        """num_chained: the block's last tokens, chained past the draft's match (`SpeculationPolicy.cut_block`);
-        timed with the block but judged apart, and only when the tokens before them were all accepted."""
+                num_chained: int = 0, drafted_matched: int = 0, num_forced: int = 0) -> None:
+        """num_chained: the block's tokens chained past the draft's match (`SpeculationPolicy.cut_block`), and
+        num_forced: its last tokens, forced by the grammar; each timed with the block but judged apart, and only
+        when the tokens before them were all accepted."""
         self.plain_since_drafted = 0 if num_draft_tokens else self.plain_since_drafted + 1
         if round_s > 0:
             self.seconds.setdefault(num_draft_tokens, Ewma()).add(round_s)
-        matched, accepted = matched_part(num_draft_tokens, num_accepted, num_chained)
+        matched, accepted = matched_part(num_draft_tokens, num_accepted, num_chained, num_forced)
         if matched:
             self.acceptance[greedy].add(matched, accepted)
             if drafted_matched:
                 self.by_length[greedy].setdefault(min(drafted_matched, LENGTH_BUCKETS), Acceptance(SERVER_DECAY)).add(
                     matched, accepted)
         if num_chained and num_accepted >= matched:
-            self.chained[greedy].add(num_chained, num_accepted - matched)
+            self.chained[greedy].add(num_chained, min(num_accepted - matched, num_chained))
+        if num_forced and num_accepted >= matched + num_chained:
+            self.forced[greedy].add(num_forced, num_accepted - matched - num_chained)
 
     def observe_wait(self, wait_s: float) -> None:
         self.wait.add(wait_s)
@@ -470,28 +481,31 @@ class SpeculationPolicy:
         if not accepted:
             self.probing = False
 
-    def cut_block(self, num_tokens: int, num_chained: int) -> int:
+    def cut_block(self, num_tokens: int, num_chained: int, num_forced: int = 0) -> int:
         """How many of a block's num_tokens to verify, its last num_chained chained past the draft's match: the n
         from none up to all that emits the most expected tokens per second, where the matched tokens are accepted
         with alpha each and a chained one, reached only past them all, with the server-wide acceptance of chained
         tokens (`RoundCost.observe`). None (a plain step) where no prefix beats one: the draft's wait is paid, but a
         block too short for its acceptance costs more to verify than it emits. Only in a round whose k the policy
-        chose (not at a fixed k, not in a retry): else the matched ones."""
-        matched, times = num_tokens - num_chained, self.cut_times
+        chose (not at a fixed k, not in a retry): else the matched ones. The last num_forced, forced by the grammar,
+        are judged by the server-wide acceptance of forced tokens; kept at a fixed k unless chained ones come
+        before them."""
+        matched, times = num_tokens - num_chained - num_forced, self.cut_times
         self.cut_from = matched
         if times is None or not num_tokens:
-            return matched
+            return matched if num_chained else num_tokens
         alpha = min(self.alpha() if self.cut_alpha is None else self.cut_alpha, 0.999)
         alike = self.cost.by_length[self.greedy].get(min(matched, LENGTH_BUCKETS))  # blocks matched as far
         if alike is not None:
             alpha = min(alike.upper(prior=alpha), 0.999)
         alpha_chained = min(self.cost.chained[self.greedy].value(), 0.999)
+        alpha_forced = min(self.cost.forced[self.greedy].value(), 0.999)
         sunk = self.cost.wait.value or 0.0  # the draft's answer is here: its wait is no longer a cost of verifying
         longest = min(num_tokens, len(times) - 1)
         tokens, reach = 1.0, 1.0  # expected tokens of a round verifying n; the chance all n were accepted
         best, best_rate = 0, 1.0 / times[0]
         for n in range(1, longest + 1):
-            reach *= alpha if n <= matched else alpha_chained
+            reach *= alpha if n <= matched else alpha_chained if n <= matched + num_chained else alpha_forced
             tokens += reach
             rate = tokens / max(times[n] - sunk, 1e-9)
             if rate > best_rate:
@@ -501,17 +515,19 @@ class SpeculationPolicy:
         return best
 
     def observe(self, num_draft_tokens: int, num_accepted: int, round_s: float, asked_k: int = 0,
-                num_chained: int = 0) -> None:
+                num_chained: int = 0, num_forced: int = 0) -> None:
         """Learn from a verified round: its draft size, accepted count and wall time. asked_k: the block the draft
         was asked for (0: none); a retry that came back empty is over, and has not paid. num_chained: the block's
-        last tokens the draft chained past its match (judged apart: `RoundCost.observe`)."""
+        tokens the draft chained past its match, num_forced: its last ones the grammar forced (both judged apart:
+        `RoundCost.observe`)."""
         drafted_matched, self.cut_from = self.cut_from, 0
-        self.cost.observe(num_draft_tokens, num_accepted, round_s, self.greedy, num_chained, drafted_matched)
+        self.cost.observe(num_draft_tokens, num_accepted, round_s, self.greedy, num_chained, drafted_matched,
+                          num_forced)
         if not num_draft_tokens:
             if asked_k:
                 self.probing = False
             return
-        matched, accepted = matched_part(num_draft_tokens, num_accepted, num_chained)
+        matched, accepted = matched_part(num_draft_tokens, num_accepted, num_chained, num_forced)
         if matched:
             self.acceptance.add(matched, accepted)
         if self.probing:

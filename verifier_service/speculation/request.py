@@ -59,14 +59,16 @@ class SpeculationStats:
     num_ahead_discarded: int = 0
     num_stepped_rounds: int = 0  # plain steps decoded while a far draft drafted (fallback "stepped")
     num_prefetched_used: int = 0  # blocks asked during such a step and verified after it: no round trip
+    num_forced_tokens: int = 0  # of num_draft_tokens, those the request's grammar forced (structured outputs)
     accepted_per_position: list[int] = dataclasses.field(default_factory=list)
 
-    def add(self, num_draft_tokens: int, num_accepted: int) -> None:
+    def add(self, num_draft_tokens: int, num_accepted: int, num_forced: int = 0) -> None:
         self.num_rounds += 1
         if not num_draft_tokens:
             return
         self.num_drafts += 1
         self.num_draft_tokens += num_draft_tokens
+        self.num_forced_tokens += num_forced
         self.num_accepted_tokens += num_accepted
         if len(self.accepted_per_position) < num_draft_tokens:
             self.accepted_per_position += [0] * (num_draft_tokens - len(self.accepted_per_position))
@@ -87,6 +89,7 @@ class SpeculationStats:
             num_ahead_discarded=self.num_ahead_discarded,
             num_stepped_rounds=self.num_stepped_rounds,
             num_prefetched_used=self.num_prefetched_used,
+            num_forced_tokens=self.num_forced_tokens,
         )
 
 
@@ -173,13 +176,17 @@ class RequestSpeculation:
     def _verified(self, block: DraftBlock, reason: str) -> tuple[DraftBlock, str]:
         """The block as it will be verified, and why it is empty where it is: only as far as the policy finds its
         tokens pay (`SpeculationPolicy.cut_block`), so none of a block too weak to pay ("weak_draft")."""
-        self.block = block.cut(self.policy.cut_block(len(block.token_ids), block.num_chained))
+        self.block = block.cut(self.policy.cut_block(len(block.token_ids), block.num_chained, block.num_forced))
         return self.block, reason or ("weak_draft" if block.token_ids and not self.block.token_ids else "")
 
     def record(self, round_: Round) -> None:
         """The one place a verified round is counted: statistics, metrics, fallback, policy, trace."""
-        self.stats.add(round_.num_draft_tokens, round_.num_accepted)
-        metrics.record_round(round_.num_draft_tokens, round_.num_accepted)
+        # of the verified tokens, those the draft chained and those the grammar forced (the block's last ones: an
+        # engine that verifies fewer drops those first)
+        verified = self.block.cut(round_.num_draft_tokens)
+        chained, forced = verified.num_chained, verified.num_forced
+        self.stats.add(round_.num_draft_tokens, round_.num_accepted, forced)
+        metrics.record_round(round_.num_draft_tokens, round_.num_accepted, forced)
         if self.draft is not None:
             self.draft.accepted(round_.num_accepted)
             self.stats.num_ahead_used, self.stats.num_ahead_discarded = self.draft.ahead.used, self.draft.ahead.discarded
@@ -191,8 +198,6 @@ class RequestSpeculation:
         seconds = 0.0 if round_.shared else round_.seconds  # a shared step's time is for StepCost, not RoundCost
         # this round's ask; reset, for the vLLM engine records a step's round before it asks for the next block
         asked_k, self.asked_k = self.asked_k, 0
-        # of the verified tokens, those the draft chained (an engine that verifies fewer drops the last ones)
-        chained = self.block.cut(round_.num_draft_tokens).num_chained
         if asked_k and not self.block_came_ahead and round_.draft_wait_s is not None:
             self.policy.cost.observe_wait(round_.draft_wait_s)  # what asking costs when the answer is waited for
             if round_.fallback == "timeout":  # the draft takes longer than this wait: the next one is longer
@@ -208,7 +213,7 @@ class RequestSpeculation:
             self.policy.observe(0, 0, max(seconds - wait, 0.0), asked_k=asked_k)
         else:
             self.policy.observe(round_.num_draft_tokens, round_.num_accepted, seconds, asked_k=asked_k,
-                                num_chained=chained)
+                                num_chained=chained, num_forced=forced)
         if round_.forward_s is not None:
             metrics.VERIFY_FORWARD_TIME.observe(round_.forward_s)
         if round_.draft_wait_s is not None:
@@ -226,7 +231,9 @@ class RequestSpeculation:
             if self.block_prefetched:
                 event["prefetched"] = True  # asked during the plain step before: no wait either
             if chained:
-                event["chained"] = chained  # the block's last tokens, chained past the draft's match
+                event["chained"] = chained  # the block's tokens chained past the draft's match
+            if forced:
+                event["forced"] = forced  # the block's last tokens, forced by the request's grammar
         if round_.fallback:
             event["fallback"] = round_.fallback
         self.span.add_event("round", event)

@@ -62,8 +62,9 @@ def test_a_stream_closed_during_its_round_is_not_a_draft_failure():
 
 
 def test_a_blocks_chained_tokens_are_its_last_and_survive_slicing():
-    """ProposeResponse.num_chained counts the block's last tokens; a prefetched or ahead block sliced from `offset`
-    for k keeps those of them in the slice. A count past the block is an invalid block (the round goes without)."""
+    """ProposeResponse.num_chained counts the block's last tokens (before any forced ones, num_forced); a prefetched
+    or ahead block sliced from `offset` for k keeps those of them in the slice. A count past the block is an invalid
+    block (the round goes without)."""
     import pytest
 
     from specdec.v1 import draft_pb2
@@ -78,8 +79,16 @@ def test_a_blocks_chained_tokens_are_its_last_and_survive_slicing():
         assert session._block(response, 1, ahead=True).num_chained == 0  # [1]
         sliced = session._block(response, 2, ahead=True, offset=3)  # [4, 5]
         assert sliced.token_ids == [4, 5] and sliced.num_chained == 2
-        with pytest.raises(DraftUnavailable, match="7 of its 6 tokens were chained"):
+        with pytest.raises(DraftUnavailable, match="7 chained and 0 forced of its 6 tokens"):
             session._block(draft_pb2.ProposeResponse(token_ids=[1, 2, 3, 4, 5, 6], num_chained=7), 6)
+        # [1, 2] matched, [3, 4] chained, [5, 6] forced by the grammar: the forced ones are the last
+        grammar = draft_pb2.ProposeResponse(token_ids=[1, 2, 3, 4, 5, 6], num_chained=2, num_forced=2)
+        block = session._block(grammar, 5, ahead=True)  # [1, 2, 3, 4, 5]
+        assert (block.num_chained, block.num_forced) == (2, 1)
+        sliced = session._block(grammar, 2, ahead=True, offset=3)  # [4, 5]
+        assert (sliced.num_chained, sliced.num_forced) == (1, 1)
+        with pytest.raises(DraftUnavailable, match="2 chained and 5 forced"):
+            session._block(draft_pb2.ProposeResponse(token_ids=[1, 2, 3, 4, 5, 6], num_chained=2, num_forced=5), 6)
         await link.close()
 
     asyncio.run(asyncio.wait_for(scenario(), 30))

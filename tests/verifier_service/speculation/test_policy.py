@@ -197,6 +197,39 @@ def test_chained_tokens_are_judged_apart_from_the_matched_ones():
     assert cost.seconds[6].samples == 2  # timed as blocks of 6
 
 
+def test_forced_tokens_do_not_count_in_the_acceptance_that_prices_k():
+    """A block of 2 drafted tokens and 4 the grammar forced, 5 accepted: the request's acceptance is 1 of 2 judged
+    (the draft's own tokens), not 5 of 6; the forced ones were not judged (a token before them was rejected). A block
+    of forced tokens only leaves the acceptance as it was, and teaches the forced tokens' own estimate."""
+    cost = RoundCost()
+    policy = SpeculationPolicy(default_k=4, max_k=8, cost=cost)
+    policy.observe(6, 1, 0.1, asked_k=6, num_forced=4)
+    assert (policy.acceptance.accepted, policy.acceptance.judged) == (1, 2)
+    assert cost.forced[True].judged == 0
+    before = policy.alpha()
+    for _ in range(20):
+        policy.observe(4, 4, 0.1, asked_k=6, num_forced=4)
+    assert policy.alpha() == before and cost.forced[True].value() == 1.0
+    policy.observe(6, 5, 0.1, asked_k=6, num_chained=1, num_forced=4)  # [1 matched][1 chained][4 forced]: 3 forced
+    assert cost.chained[True].accepted == cost.chained[True].judged == 1 and cost.forced[True].value() < 1.0
+    assert cost.seconds[4].samples == 20 and cost.seconds[6].samples == 2  # timed with their blocks
+
+
+def test_forced_tokens_are_verified_as_nearly_certain_and_kept_at_a_fixed_k():
+    """On STEEP round times, weak drafted tokens (alpha 0.3) hardly pay; 4 forced tokens after 1 of them do (their
+    prior acceptance is FORCED_PRIOR), and a block of forced tokens alone is verified whole. At a fixed k they are
+    kept, unless chained tokens come before them (dropped with those)."""
+    weak = chaining_policy(STEEP, alpha=0.3, alpha_chained=0.25)
+    assert weak.cut_block(5, 0) <= 1
+    assert weak.cut_block(5, 0, num_forced=4) == 5
+    assert weak.cut_block(4, 0, num_forced=4) == 4
+    assert weak.cut_block(8, 0, num_forced=4) <= 1  # behind 4 weak tokens, forced ones are seldom reached
+    fixed = SpeculationPolicy(default_k=4, max_k=8, requested_k=6, cost=timed(FLAT), draft_sizes_blocks=True)
+    fixed.block_size(1000, 1000)
+    assert fixed.cut_block(6, 0, num_forced=4) == 6
+    assert fixed.cut_block(6, 2, num_forced=2) == 2
+
+
 def test_round_times_follow_the_measured_curve_not_a_line_through_it():
     """This Xeon in fp32: forwards over 2, 3, 4, 5 tokens cost 1.09, 1.13, 1.64, 1.74 plain steps (a step between 3
     and 4 tokens). A line through those averages made k = 3 look 1.52 steps and chose it at acceptance 0.85, where

@@ -140,3 +140,24 @@ def test_a_block_too_weak_to_pay_is_a_plain_step_after_the_wait():
             await link.close()
 
     asyncio.run(asyncio.wait_for(scenario(), 30))
+
+
+def test_forced_tokens_are_their_own_figure():
+    """A verified block's grammar-forced tokens (its last ones) are counted in the statistics and the round's span
+    event, and the policy judges only the draft's own tokens: 2 of 3 verified tokens forced, all accepted."""
+    from specdec.decoding.draft_block import DraftBlock
+
+    class Span:
+        def __init__(self):
+            self.events = []
+
+        def add_event(self, name, attributes):
+            self.events.append((name, attributes))
+
+    span, policy = Span(), SpeculationPolicy(4, 16)
+    speculation = RequestSpeculation(policy, None, span)
+    speculation.block = DraftBlock([5, 6, 7, 8], num_forced=3)  # verified as [5, 6, 7]: 2 forced
+    speculation.record(Round(3, 3, 0.1))
+    assert speculation.stats.num_forced_tokens == 2 and speculation.stats.to_proto().num_forced_tokens == 2
+    assert span.events[-1] == ("round", {"k": 3, "accepted": 3, "round_ms": 100.0, "ahead": False, "forced": 2})
+    assert (policy.acceptance.accepted, policy.acceptance.judged) == (1, 1)
