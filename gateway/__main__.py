@@ -153,6 +153,11 @@ async def serve(server_cfg: specdec_config.ServerConfig, cfg: GatewayConfig) -> 
         """The one place the gateway's health changes: both front doors report what is set here. SERVING while
         at least one verifier is usable; the limits are the tightest of the usable verifiers'."""
         problem = pool.problem()
+        if (problem is None) != (generation.verifier_problem is None):
+            if problem:
+                log.error("no verifier is usable: health NOT_SERVING until one is")
+            else:
+                log.info("%d of %d verifiers usable: health SERVING", len(pool.usable()), len(pool.members))
         generation.verifier_problem = problem
         usable = pool.usable()
         metrics.USABLE_VERIFIERS.set(len(usable))

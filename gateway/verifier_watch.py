@@ -95,7 +95,7 @@ class VerifierWatch:
             return
         if problem != self.problem:
             if problem:
-                log.error("%s; health NOT_SERVING until it is fixed", problem)
+                log.error("%s; it takes no requests until it is fixed", problem)
             elif self.problem:
                 log.info("the verifier at %s is usable again", self.address)
         self.problem, self.info, self.reported = problem, info, True
