@@ -7,6 +7,7 @@ import asyncio
 
 import grpc
 import pytest
+from opentelemetry.sdk.trace import TracerProvider
 
 from devkit.testing import build_tokenizer
 from gateway.config import GatewayConfig
@@ -139,8 +140,11 @@ def test_a_request_whose_verifier_dies_goes_on_on_another_with_no_token_lost_or_
     prompt, truth, decode = setup(tokenizer)
     dying, other = Scripted(tokenizer, prompt, truth, die_after=7), Scripted(tokenizer, prompt, truth)
     before = resumes()
-    pieces, error = asyncio.run(run_on(tokenizer, [dying, other], decode))
+    with TracerProvider().get_tracer("test").start_as_current_span("request") as span:
+        pieces, error = asyncio.run(run_on(tokenizer, [dying, other], decode))
     assert error is None
+    (event,) = [e for e in span.events if e.name == "specdec.resume"]
+    assert event.attributes["specdec.tokens_emitted"] == 7 and event.attributes["specdec.code"] == "UNAVAILABLE"
     assert [t for p in pieces for t in p.token_ids] == truth[:20]
     assert "".join(p.text for p in pieces) == tokenizer.decode(truth[:20])
     final = pieces[-1].final
