@@ -33,6 +33,7 @@ ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM":
 # Prompts that differ from their first token, so every stream has an output of its own.
 SEEDS = ["The quick brown fox", "def add(a, b):", "SELECT id, name FROM", "for i in range(10):", "Speculative decoding",
          '{"name": "Ada",', "Hello", "naïve café", "return a + b", "ORDER BY name;"]
+SEEDED_TEMPERATURE = 0.8
 RESUMED_LOG = re.compile(r"resumed on \S+, first token (\d+) ms after the failure")
 
 
@@ -56,9 +57,11 @@ class Stream:
 
 
 def run_streams(address: str, texts: list[str], max_tokens: int,
-                when_all_have: tuple[int, callable] | None = None, timeout_s: float = 300.0) -> list[Stream]:
-    """One greedy GenerateStream per prompt, all at once. when_all_have=(n, action): call action() once every
-    stream has n tokens (or has ended)."""
+                when_all_have: tuple[int, callable] | None = None, timeout_s: float = 300.0,
+                seeds: list[int | None] | None = None) -> list[Stream]:
+    """One GenerateStream per prompt, all at once: greedy, or where seeds[i] is set, sampled at temperature
+    SEEDED_TEMPERATURE with that seed. when_all_have=(n, action): call action() once every stream has n tokens
+    (or has ended)."""
     streams = [Stream() for _ in texts]
     progressed = threading.Condition()
     channel = grpc.insecure_channel(address, options=[("grpc.max_concurrent_streams", 1000)])
@@ -67,6 +70,8 @@ def run_streams(address: str, texts: list[str], max_tokens: int,
     def run(i: int) -> None:
         stream = streams[i]
         request = gateway_pb2.GenerateRequest(prompt=texts[i], max_tokens=max_tokens, temperature=0.0)
+        if seeds is not None and seeds[i] is not None:
+            request.temperature, request.seed = SEEDED_TEMPERATURE, seeds[i]
         try:
             for message in stub.GenerateStream(request, timeout=timeout_s):
                 with progressed:

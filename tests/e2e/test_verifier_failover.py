@@ -1,7 +1,7 @@
 """Several verifiers behind one gateway, as real processes (issue 35): one killed mid-stream, one drained.
 
 A killed verifier (SIGKILL) loses no stream: the gateway resumes each of its requests on another verifier,
-and the greedy output is the undisturbed run's, token for token. A drained one (SIGTERM) fails no request:
+and the output is the undisturbed run's, token for token: greedy, and seeded sampling (transformers engine). A drained one (SIGTERM) fails no request:
 its open streams finish there, new requests go to the others.
 """
 
@@ -45,6 +45,16 @@ def test_a_verifier_killed_mid_stream_loses_no_stream(tiny_pair, tmp_path):
         again = run_streams(gateway.address, texts[:3], MAX_TOKENS)  # new requests: the two left serve them
         assert same(again, reference[:3]) == []
         assert resumes_counted(scrape_metrics(gateway.metrics_port)) - before == resumed
+
+        # Seeded sampling: on the transformers engine a token's draw is keyed by (seed, absolute position),
+        # which a resume does not move, so a resumed seeded stream is the undisturbed one too. Two streams on
+        # the two verifiers left: least-outstanding gives each one, so killing one resumes exactly one stream.
+        seeded, seeds = texts[:2], [11, 12]
+        reference = run_streams(gateway.address, seeded, MAX_TOKENS, seeds=seeds)
+        disturbed = run_streams(gateway.address, seeded, MAX_TOKENS, seeds=seeds,
+                                when_all_have=(MAX_TOKENS // 4, services["verifier2"].kill))
+        assert [s.error for s in disturbed if s.error] == [] and same(disturbed, reference) == []
+        assert resumes_counted(scrape_metrics(gateway.metrics_port)) - before == resumed + 1
 
 
 def test_a_drained_verifier_fails_no_request_and_takes_no_new_one(tiny_pair, tmp_path):
