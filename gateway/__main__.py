@@ -16,13 +16,15 @@ from gateway.http_server import ConnectionLimits, RunningHttp, start_http
 from gateway.openai_api import ServedModel, create_app
 from gateway.server import GatewayServicer
 from gateway.validation import ModelLimits
-from gateway.verifier_watch import GATEWAY_ADVICE, VerifierWatch
+from gateway.verifier_pool import Verifier, VerifierPool, parse_targets
+from gateway.verifier_watch import GATEWAY_ADVICE, PoolWatch
 from specdec.runtime import config as specdec_config
 from specdec.runtime import grpc_server
+from specdec.runtime import metrics
 from specdec.modeling import models
 from specdec.runtime.interceptors import RequestSizeLimit
 from specdec.runtime.service_main import exit_process, run_main, serve_until_signal
-from specdec.v1 import draft_pb2, draft_pb2_grpc, gateway_pb2, gateway_pb2_grpc, verifier_pb2, verifier_pb2_grpc
+from specdec.v1 import common_pb2, draft_pb2, draft_pb2_grpc, gateway_pb2, gateway_pb2_grpc, verifier_pb2
 
 log = logging.getLogger("gateway")
 DEFAULTS = {"port": 50051, "metrics_port": 9101}
@@ -32,19 +34,41 @@ class PeerError(RuntimeError):
     """A peer is unreachable or incompatible at start-up; the message says which and why."""
 
 
-async def check_peers(cfg: GatewayConfig, channel, server_cfg, tokenizer_info):
-    """Ask the verifier (and the draft) who they are; refuse tokenizers that differ. Returns the verifier's ModelInfo:
-    the model the gateway serves, pinned for its life (gateway/verifier_watch.py)."""
-    stub = verifier_pb2_grpc.VerifierServiceStub(channel)
+async def first_model_info(verifiers: list[Verifier], wait_s: float) -> common_pb2.ModelInfo:
+    """The ModelInfo of the first verifier to answer within wait_s; PeerError when none does."""
+    calls = {asyncio.ensure_future(v.stub.GetModelInfo(verifier_pb2.GetModelInfoRequest(), timeout=wait_s,
+                                                       wait_for_ready=True)): v for v in verifiers}
+    errors: list[grpc.aio.AioRpcError] = []
     try:
-        reply = await stub.GetModelInfo(verifier_pb2.GetModelInfoRequest(), timeout=cfg.peer_wait_s,
-                                        wait_for_ready=True)
-    except grpc.aio.AioRpcError as exc:
-        if exc.code() == grpc.StatusCode.UNAUTHENTICATED:
-            raise PeerError(f"the verifier at {cfg.verifier} refused the gateway: {exc.details()}") from exc
-        raise PeerError(f"the verifier at {cfg.verifier} did not answer within {cfg.peer_wait_s:.0f} s "
-                        f"({exc.code().name}); start it first or fix --verifier") from exc
-    target = reply.info
+        for done in asyncio.as_completed(calls):
+            try:
+                return (await done).info
+            except grpc.aio.AioRpcError as exc:
+                errors.append(exc)
+    finally:
+        for call in calls:
+            call.cancel()
+    refused = [exc for exc in errors if exc.code() == grpc.StatusCode.UNAUTHENTICATED]
+    if refused:
+        raise PeerError(f"the verifier refused the gateway: {refused[0].details()}")
+    names = ", ".join(v.address for v in verifiers)
+    raise PeerError(f"no verifier ({names}) answered within {wait_s:.0f} s ({errors[0].code().name}); "
+                    "start one first or fix --verifier")
+
+
+async def check_peers(cfg: GatewayConfig, watch: PoolWatch, server_cfg, tokenizer_info):
+    """Wait for a verifier to answer (and the draft); refuse tokenizers that differ. Returns the first verifier's
+    ModelInfo: the model the gateway serves, pinned for its life (gateway/verifier_watch.py), on every verifier."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + cfg.peer_wait_s
+    await watch.refresh()
+    while not watch.pool.members:  # a DNS name with no address yet (no verifier pod is ready)
+        if loop.time() >= deadline:
+            raise PeerError(f"--verifier {watch.targets} resolved to no address within {cfg.peer_wait_s:.0f} s; "
+                            "start a verifier first or fix --verifier")
+        await asyncio.sleep(1.0)
+        await watch.refresh()
+    target = await first_model_info(list(watch.pool.members.values()), max(deadline - loop.time(), 1.0))
     problem = models.tokenizer_mismatch(target, tokenizer_info, role="the gateway's --model",
                                         target_role="the verifier", advice=GATEWAY_ADVICE)
     if problem:
@@ -89,14 +113,23 @@ async def serve(server_cfg: specdec_config.ServerConfig, cfg: GatewayConfig) -> 
         raise models.ModelLoadError("--model is required: the target model's directory (for its tokenizer)")
     tokenizer = models.load_tokenizer(cfg.model)
     tokenizer_info = models.describe(cfg.model, tokenizer)
-    channel = grpc_server.open_channel(cfg.verifier, server_cfg)
-    target = await check_peers(cfg, channel, server_cfg, tokenizer_info)
+    targets = parse_targets(cfg.verifier)
+    pool = VerifierPool()
+
+    async def not_serving_yet() -> None:
+        """Verdicts before the front doors exist: applied all at once when they do (verifiers_changed)."""
+
+    watch = PoolWatch(pool, targets, lambda address: grpc_server.open_channel(address, server_cfg,
+                                                                                  tls_name=targets.dns_host),
+                      tokenizer_info, cfg.peer_check_s, not_serving_yet)
+    target = await check_peers(cfg, watch, server_cfg, tokenizer_info)
+    watch.pin(target)
+    await watch.check_all()  # every verifier's first verdict (the pool's members start out "not checked yet")
     log.info("the verifier serves %s (model fingerprint %s): this gateway serves that model only", target.model,
              target.model_fingerprint or "not reported")
     token_chars, token_bytes = models.longest_token(tokenizer)
     model_limits = ModelLimits(target.vocab_size, target.max_context, cfg.max_prompt_tokens, token_chars, token_bytes)
-    generation = Generation(tokenizer, verifier_pb2_grpc.VerifierServiceStub(channel), model_limits, cfg,
-                            tokenizer_info.tokenizer_fingerprint)
+    generation = Generation(tokenizer, pool, model_limits, cfg, tokenizer_info.tokenizer_fingerprint)
     keys = parse_keys(cfg.api_keys)
     served = ServedModel(cfg.served_model_name or target.model, target.max_context)  # the verifier's model
     http = None
@@ -116,31 +149,44 @@ async def serve(server_cfg: specdec_config.ServerConfig, cfg: GatewayConfig) -> 
     )
 
 
-    async def verifier_changed(problem: str | None, info) -> None:
-        """The one place the gateway's health changes: both front doors report what is set here."""
+    async def verifiers_changed() -> None:
+        """The one place the gateway's health changes: both front doors report what is set here. SERVING while
+        at least one verifier is usable; the limits are the tightest of the usable verifiers'."""
+        problem = pool.problem()
+        if (problem is None) != (generation.verifier_problem is None):
+            if problem:
+                log.error("no verifier is usable: health NOT_SERVING until one is")
+            else:
+                log.info("%d of %d verifiers usable: health SERVING", len(pool.usable()), len(pool.members))
         generation.verifier_problem = problem
-        if info is not None:  # the same tokenizer and model; a new verifier may still have another context or name
-            generation.limits = dataclasses.replace(generation.limits, vocab_size=info.vocab_size,
-                                                    max_context=info.max_context)
-            served.max_context = info.max_context
-            if not cfg.served_model_name and served.name != info.model:
-                log.info("the verifier names its model %s (was %s): serving it under that name", info.model,
+        usable = pool.usable()
+        metrics.USABLE_VERIFIERS.set(len(usable))
+        infos = [v.info for v in usable if v.info is not None]
+        if infos:  # the same tokenizer and model; a new verifier may still have another context or name
+            max_context = min(info.max_context for info in infos)
+            generation.limits = dataclasses.replace(generation.limits, vocab_size=infos[0].vocab_size,
+                                                    max_context=max_context)
+            served.max_context = max_context
+            if not cfg.served_model_name and served.name != infos[0].model:
+                log.info("the verifier names its model %s (was %s): serving it under that name", infos[0].model,
                          served.name)
-                served.name = info.model
+                served.name = infos[0].model
         await running.set_serving(problem is None)
 
+    watch.on_change = verifiers_changed
+    await verifiers_changed()
     # What start-up loaded (the tokenizer, the libraries) lives as long as the process: keep it out of the
     # garbage collector's full passes, which hold the interpreter lock, and so every request and health check,
     # for as long as they take to walk it.
     gc.freeze()
-    watch = asyncio.create_task(
-        VerifierWatch(channel, cfg.verifier, tokenizer_info, cfg.peer_check_s, verifier_changed, model=target).run())
+    watching = asyncio.create_task(watch.run())
     try:
         await serve_until_signal(FrontDoors(running, http, generation), server_cfg,
-                                 f"gateway (verifier {cfg.verifier}, auth {'on' if keys else 'off'})")
+                                 f"gateway (verifiers {targets}: {len(pool.usable())} of {len(pool.members)} "
+                                 f"usable, auth {'on' if keys else 'off'})")
     finally:
-        watch.cancel()
-    await channel.close()
+        watching.cancel()
+    await watch.close()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -12,14 +12,20 @@ class GatewayConfig:
     """Gateway"""
 
     model: str = option("", "tokenizer directory: the target model's")
-    verifier: str = option("localhost:50052", "verifier service HOST:PORT")
+    verifier: str = option("localhost:50052", "verifier service(s): HOST:PORT, a list A:PORT,B:PORT, or "
+                                              "dns:///NAME:PORT (every address of NAME, looked up every "
+                                              "--peer-check-s); each request goes to the usable one with the "
+                                              "fewest open requests (gateway/verifier_pool.py)")
+    max_resumes: int = option(2, "a request whose verifier goes away mid-stream continues on another one, "
+                                 "at most this many times (0: fails instead)")
     draft: str = option("", "draft service HOST:PORT, checked at start-up for tokenizer compatibility")
     num_speculative_tokens: int = option(-1, "default k for requests that leave it unset (-1: the verifier's default)")
     default_max_tokens: int = option(256, "max_tokens for requests that leave it unset")
     max_prompt_tokens: int = option(0, "longest prompt accepted (0: the model's context)")
-    peer_wait_s: float = option(60.0, "at start-up, wait this long for the verifier to answer")
-    peer_check_s: float = option(5.0, "while serving, check the verifier (answering, same tokenizer and model) this often "
-                                      "and at every reconnect; health is NOT_SERVING while it is unusable")
+    peer_wait_s: float = option(60.0, "at start-up, wait this long for a verifier to answer")
+    peer_check_s: float = option(5.0, "while serving, check each verifier (answering, SERVING, same tokenizer and model) "
+                                      "this often and at every reconnect or health change; an unusable one takes no "
+                                      "requests, and health is NOT_SERVING while none is usable")
     prepare_workers: int = option(2, "threads that tokenize prompts, render chat templates and scan HTTP bodies; "
                                      "requests beyond them wait, so concurrent large inputs cannot all be "
                                      "worked on (and held) at once")

@@ -12,6 +12,7 @@ from opentelemetry import trace
 from specdec.runtime import metrics
 from specdec.decoding.grammar import GrammarBusy, GrammarCompiler, GrammarError, SequenceGrammar, constraint_set
 from specdec.decoding.sampling import SamplingParams
+from specdec.decoding.stopping import LENGTH, STOP, StopChecker
 from specdec.v1 import common_pb2, verifier_pb2, verifier_pb2_grpc
 from verifier_service.config import VerifierConfig
 from verifier_service.engines.decode_loop import DecodeSpec, Engine, decode
@@ -19,7 +20,6 @@ from verifier_service.draft.client import Constrained, DraftLink
 from verifier_service.sequences import CapacityExceeded, SequenceRegistry
 from verifier_service.speculation.request import RequestSpeculation
 from verifier_service.speculation.policy import RoundCost, SpeculationPolicy
-from verifier_service.stopping import LENGTH, STOP, StopChecker
 from verifier_service.validation import InvalidRequest, check_decode_request
 
 log = logging.getLogger(__name__)

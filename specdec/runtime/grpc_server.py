@@ -123,12 +123,17 @@ RECONNECT_OPTIONS = [("grpc.initial_reconnect_backoff_ms", 250), ("grpc.min_reco
                      ("grpc.max_reconnect_backoff_ms", 2_000)]
 
 
-def open_channel(target: str, config: ServerConfig) -> grpc.aio.Channel:
-    """A traced aio channel to a peer, over TLS when configured, sending the internal token when set."""
+def open_channel(target: str, config: ServerConfig, tls_name: str = "") -> grpc.aio.Channel:
+    """A traced aio channel to a peer, over TLS when configured, sending the internal token when set.
+
+    tls_name: the name the peer's certificate is checked against, when target is one of its IP addresses
+    (a DNS name the caller resolved itself); default: the target's host."""
     options = message_options(config) + RECONNECT_OPTIONS + [
         ("grpc.enable_retries", 1), ("grpc.keepalive_time_ms", 30_000),
         # behind a headless Service, each call (a whole sequence) picks a replica
         ("grpc.lb_policy_name", "round_robin")]
+    if tls_name:
+        options.append(("grpc.ssl_target_name_override", tls_name))
     credentials = channel_credentials(config)
     interceptors = telemetry.client_interceptors()
     token = internal_token(config)

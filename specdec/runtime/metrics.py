@@ -37,6 +37,14 @@ PREFETCHED_BLOCKS = Counter("specdec_prefetched_blocks", "Blocks asked for while
                             ["outcome"])
 REQUESTS = Counter("specdec_requests", "Finished requests", ["finish_reason"])
 GENERATED_TOKENS = Counter("specdec_generated_tokens", "Tokens generated")
+# Gateway: requests moved to another verifier after theirs went away mid-stream (gateway.generation), by the
+# status that ended the lost call; and how long the client's stream stalled for it (the failure to the first
+# token from the next verifier).
+RESUMES = Counter("specdec_gateway_resumes", "Requests resumed on another verifier after theirs went away", ["code"])
+RESUME_DELAY = Histogram("specdec_gateway_resume_delay_seconds",
+                         "From a verifier's failure to the first token the next verifier sent the resumed request",
+                         buckets=LATENCY_BUCKETS)
+USABLE_VERIFIERS = Gauge("specdec_gateway_usable_verifiers", "Verifiers this gateway may send requests to now")
 LIVE_SEQUENCES = Gauge("specdec_live_sequences", "Sequences holding state (KV cache) in this process")
 CACHE_TOKENS = Gauge("specdec_cache_tokens", "Tokens held in KV caches in this process")
 TIME_TO_FIRST_TOKEN = Histogram("specdec_time_to_first_token_seconds", "Time to first token", buckets=LATENCY_BUCKETS)

@@ -91,6 +91,52 @@ def gpu_devices(service: dict) -> list[dict]:
     return (((service.get("deploy") or {}).get("resources") or {}).get("reservations") or {}).get("devices") or []
 
 
+def verifier_services(services: dict) -> list[str]:
+    """The services that run the verifier: "verifier" first, then the others (a profile's) in file order."""
+    found = [n for n, s in services.items() if python_module_of(s.get("command")) == "verifier_service"]
+    return sorted(found, key=lambda n: n != "verifier")
+
+
+def aliases(service: dict) -> set[str]:
+    networks = service.get("networks") or {}
+    if isinstance(networks, list):
+        return set()
+    return {alias for spec in networks.values() for alias in ((spec or {}).get("aliases") or [])}
+
+
+def verifier_address_problems(value: str, services: dict) -> list[str]:
+    """The gateway's SPECDEC_VERIFIER must reach every verifier service, each on its SPECDEC_PORT, and the
+    gateway must wait for the first to be healthy."""
+    from gateway.verifier_pool import parse_targets
+
+    problems, verifiers = [], verifier_services(services)
+    try:
+        targets = parse_targets(value)
+    except ValueError as exc:
+        return [f"gateway: SPECDEC_VERIFIER={value!r}: {exc}"]
+    if targets.dns:
+        reached = [v for v in verifiers if targets.dns_host == v or targets.dns_host in aliases(services[v])]
+        addresses = [(v, targets.dns_port) for v in reached]
+        if not reached:
+            problems.append(f"gateway: SPECDEC_VERIFIER {value!r} names no verifier service or alias")
+        for v in verifiers:
+            if v not in reached:
+                problems.append(f"gateway: SPECDEC_VERIFIER {value!r} does not reach {v} (give {v} the network "
+                                f"alias {targets.dns_host!r})")
+    else:
+        addresses = [host_port(a) for a in targets.addresses]
+        for host, _ in addresses:
+            if host not in verifiers:
+                problems.append(f"gateway: SPECDEC_VERIFIER host {host!r} is not a verifier service")
+    for host, port in addresses:
+        want = int(resolve_default(env_of(services.get(host) or {}).get("SPECDEC_PORT", "0")))
+        if host in services and port != want:
+            problems.append(f"gateway: SPECDEC_VERIFIER port {port} != {host}'s SPECDEC_PORT {want}")
+    if depends(services.get("gateway") or {}).get("verifier") != "service_healthy":
+        problems.append("gateway: uses verifier but does not wait for it to be healthy")
+    return problems
+
+
 def compose_problems(data: dict, expect_gpu: bool) -> list[str]:
     """Everything the compose schema cannot check. Empty list = consistent."""
     problems: list[str] = []
@@ -118,7 +164,8 @@ def compose_problems(data: dict, expect_gpu: bool) -> list[str]:
                 problems.append(f"{name}: volume {source!r} is not declared under top-level volumes")
 
     # The product services: command, ports, healthcheck, tracing, addresses.
-    for module, name in SERVICE_OF_MODULE.items():
+    verifiers = verifier_services(services)
+    for module, name in [*SERVICE_OF_MODULE.items(), *(("verifier_service", v) for v in verifiers[1:])]:
         svc = services.get(name)
         if svc is None:
             continue
@@ -155,10 +202,14 @@ def compose_problems(data: dict, expect_gpu: bool) -> list[str]:
         if "jaeger" not in depends(svc):
             problems.append(f"{name}: should start after jaeger")
 
-    # Cross-service addresses: HOST must be the service, PORT its SPECDEC_PORT.
+    # Cross-service addresses: HOST must be the service, PORT its SPECDEC_PORT. The gateway's SPECDEC_VERIFIER
+    # may name several verifiers: a list of services, or dns:///NAME:PORT, NAME a network alias they all carry.
+    gateway_env = env_of(services.get("gateway") or {})
+    if "SPECDEC_VERIFIER" in gateway_env:
+        problems += verifier_address_problems(resolve_default(gateway_env["SPECDEC_VERIFIER"]), services)
     for name, svc in services.items():
         for var, target in (("SPECDEC_VERIFIER", "verifier"), ("SPECDEC_DRAFT", "draft")):
-            if var not in env_of(svc):
+            if var not in env_of(svc) or (name, var) == ("gateway", "SPECDEC_VERIFIER"):
                 continue
             try:
                 host, port = host_port(env_of(svc)[var])
@@ -205,18 +256,23 @@ def compose_problems(data: dict, expect_gpu: bool) -> list[str]:
         if img and (":" not in img.rsplit("/", 1)[-1] or img.endswith(":latest")):
             problems.append(f"{name}: image {img!r} is not pinned to a tag")
 
-    # GPU reservation: only the verifier, and only in the GPU file.
+    # GPU reservation: only the verifiers, and only in the GPU file.
     for name, svc in services.items():
         devices = gpu_devices(svc)
-        if name == "verifier" and expect_gpu:
+        if name in verifiers and expect_gpu:
             if not any(d.get("driver") == "nvidia" and "gpu" in (d.get("capabilities") or []) for d in devices):
-                problems.append("verifier: no NVIDIA GPU reservation (deploy.resources.reservations.devices)")
+                problems.append(f"{name}: no NVIDIA GPU reservation (deploy.resources.reservations.devices)")
             if env_of(svc).get("SPECDEC_DEVICE") != "cuda":
-                problems.append("verifier: SPECDEC_DEVICE must be cuda when a GPU is reserved")
+                problems.append(f"{name}: SPECDEC_DEVICE must be cuda when a GPU is reserved")
         elif devices:
             problems.append(f"{name}: reserves devices {devices} (CPU variant / non-verifier)")
         if not expect_gpu and env_of(svc).get("SPECDEC_DEVICE", "cpu") != "cpu":
             problems.append(f"{name}: SPECDEC_DEVICE must be cpu in the CPU variant")
+
+    if expect_gpu:  # two verifiers on one GPU would share it; each verifier after the first names its own
+        named = [tuple(d.get("device_ids") or ()) for v in verifiers for d in gpu_devices(services[v])]
+        if len(verifiers) > 1 and (len(set(named)) < len(verifiers) or () in named[1:]):
+            problems.append(f"verifiers {verifiers}: each after the first must reserve its own GPU (device_ids)")
 
     # model-init: one-shot fetcher writing the shared volume.
     mi = services.get("model-init") or {}
@@ -274,7 +330,7 @@ def test_cpu_variant_differs_from_gpu_only_in_the_verifier_device():
     assert gpu.get("volumes") == cpu.get("volumes")
     for name in gpu["services"]:
         g, c = copy.deepcopy(gpu["services"][name]), copy.deepcopy(cpu["services"][name])
-        if name == "verifier":
+        if name in verifier_services(gpu["services"]):
             for svc in (g, c):
                 svc.pop("deploy", None)
                 svc.pop("image", None)
@@ -295,6 +351,18 @@ def test_cpu_variant_differs_from_gpu_only_in_the_verifier_device():
             lambda s: s["gateway"]["environment"].__setitem__("SPECDEC_VERIFIER", "verifier:50053"),
             "SPECDEC_VERIFIER port 50053",
         ),
+        (
+            lambda s: s["gateway"]["environment"].__setitem__("SPECDEC_VERIFIER", "dns:///verifierz:50052"),
+            "names no verifier service or alias",
+        ),
+        (lambda s: s["verifier2"].pop("networks"), "does not reach verifier2"),
+        (
+            lambda s: s["gateway"]["environment"].__setitem__("SPECDEC_VERIFIER", "verifier:50052,draft:50053"),
+            "host 'draft' is not a verifier service",
+        ),
+        (lambda s: s["verifier2"].pop("deploy"), "verifier2: no NVIDIA GPU reservation"),
+        (lambda s: s["verifier2"]["deploy"]["resources"]["reservations"]["devices"][0].pop("device_ids"),
+         "must reserve its own GPU"),
         (
             lambda s: s["verifier"]["environment"].__setitem__("SPECDEC_DRAFT", "drafts:50053"),
             "SPECDEC_DRAFT host 'drafts'",
@@ -321,6 +389,11 @@ def test_cpu_variant_differs_from_gpu_only_in_the_verifier_device():
     ids=[
         "missing-depends-target",
         "wrong-verifier-port",
+        "verifier-dns-name-unknown",
+        "second-verifier-not-aliased",
+        "verifier-list-names-the-draft",
+        "second-verifier-no-gpu",
+        "second-verifier-shares-the-gpu",
         "wrong-draft-host",
         "wrong-probe-port",
         "no-gpu",

@@ -245,7 +245,7 @@ def k8s_problems(docs: list[dict], tls: bool) -> list[str]:
             problems.append("verifier: SPECDEC_DEVICE must be cuda")
     for name in ("verifier", "draft"):
         if name in services and services[name]["spec"].get("clusterIP") != "None":
-            problems.append(f"Service {name}: must be headless (clusterIP: None) for client-side round_robin")
+            problems.append(f"Service {name}: must be headless (clusterIP: None): clients resolve every pod")
     for dname, dep in deployments.items():
         if dname != "verifier":
             limits = (dep["spec"]["template"]["spec"]["containers"][0].get("resources") or {}).get("limits") or {}
@@ -276,11 +276,14 @@ def k8s_problems(docs: list[dict], tls: bool) -> list[str]:
                 problems.append(f"{dname}: {var}={value!r} does not name the {target!r} Service")
             elif int(port) not in {p["port"] for p in svc["spec"]["ports"] if p.get("name") == "grpc"}:
                 problems.append(f"{dname}: {var} port {port} is not the {target} Service's grpc port")
-    if (
-        "gateway" in deployments
-        and env_value(deployments["gateway"]["spec"]["template"]["spec"]["containers"][0], "SPECDEC_VERIFIER") is None
-    ):
-        problems.append("gateway: SPECDEC_VERIFIER not set")
+    if "gateway" in deployments:
+        verifier = env_value(deployments["gateway"]["spec"]["template"]["spec"]["containers"][0], "SPECDEC_VERIFIER")
+        if verifier is None:
+            problems.append("gateway: SPECDEC_VERIFIER not set")
+        elif not verifier.startswith("dns:///"):
+            # a plain name is one channel: the gateway could not see each verifier's health or open streams
+            problems.append(f"gateway: SPECDEC_VERIFIER={verifier!r} must be dns:///verifier:PORT, so that the "
+                            "gateway holds a channel per verifier pod (docs/scaling.md)")
     if "gateway" in deployments:
         api = env_map(deployments["gateway"]["spec"]["template"]["spec"]["containers"][0]).get("SPECDEC_API_KEYS")
         if not api or "secretKeyRef" not in (api.get("valueFrom") or {}):
@@ -347,8 +350,11 @@ def test_manifests_are_consistent(rendered, name):
     "file,old,new,expected",
     [
         ("verifier.yaml", "              nvidia.com/gpu: 1\n", "", "no nvidia.com/gpu limit"),
-        ("gateway.yaml", 'value: "verifier:50052"', 'value: "verifier:50053"', "SPECDEC_VERIFIER port 50053"),
-        ("gateway.yaml", 'value: "verifier:50052"', 'value: "verifiers:50052"', "does not name the 'verifier'"),
+        ("gateway.yaml", 'value: "dns:///verifier:50052"', 'value: "dns:///verifier:50053"',
+         "SPECDEC_VERIFIER port 50053"),
+        ("gateway.yaml", 'value: "dns:///verifier:50052"', 'value: "dns:///verifiers:50052"',
+         "does not name the 'verifier'"),
+        ("gateway.yaml", 'value: "dns:///verifier:50052"', 'value: "verifier:50052"', "must be dns:///verifier"),
         ("draft.yaml", "grpc: {port: 50053}", "grpc: {port: 50052}", "native gRPC probe on port 50053"),
         ("gateway.yaml", "path: /health", "path: /healthz", "readinessProbe must GET /health"),
         ("gateway.yaml", "    - {name: http, port: 8000, targetPort: http", "    - {name: web, port: 8000, targetPort: http",
@@ -372,6 +378,7 @@ def test_manifests_are_consistent(rendered, name):
         "no-gpu",
         "wrong-verifier-port",
         "wrong-verifier-host",
+        "verifier-not-dns",
         "wrong-probe-port",
         "wrong-health-path",
         "http-not-in-service",

@@ -22,6 +22,7 @@ from gateway.http_server import start_http
 from gateway.openai_api import ServedModel, create_app
 from gateway.server import GatewayServicer
 from gateway.validation import ModelLimits
+from gateway.verifier_pool import VerifierPool
 from specdec.runtime import grpc_server
 from specdec.runtime.config import ServerConfig
 from specdec.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc, verifier_pb2, verifier_pb2_grpc
@@ -86,7 +87,7 @@ async def running_gateway(tokenizer, verifier: FakeVerifier, api_keys=(KEY,), co
     verifier_port = verifier_server.add_insecure_port("127.0.0.1:0")
     await verifier_server.start()
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{verifier_port}")
-    generation = Generation(tokenizer, verifier_pb2_grpc.VerifierServiceStub(channel),
+    generation = Generation(tokenizer, VerifierPool.of_channel(f"127.0.0.1:{verifier_port}", channel),
                             ModelLimits(len(tokenizer), context), GatewayConfig(api_keys=",".join(api_keys), **config))
     app = create_app(generation, ServedModel(MODEL, context), list(api_keys))
     server_config = ServerConfig(host="127.0.0.1", grace_s=1)

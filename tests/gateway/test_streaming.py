@@ -15,7 +15,7 @@ from tests.tokenizer_cases import (
     splits_a_character,
     stop_inside_a_straddling_token,
 )
-from verifier_service.stopping import StopChecker
+from specdec.decoding.stopping import StopChecker
 
 
 def stream(assembler: TextAssembler, rounds: list[list[int]], matched_stop: str = "") -> list[str]:

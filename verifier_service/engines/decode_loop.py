@@ -25,8 +25,8 @@ import dataclasses
 import typing
 
 from specdec.decoding.sampling import SamplingParams
+from specdec.decoding.stopping import StopChecker
 from verifier_service.speculation.request import RequestSpeculation
-from verifier_service.stopping import StopChecker
 
 
 @dataclasses.dataclass

@@ -1,4 +1,4 @@
-"""verifier_service/stopping.py: a sequence ends at EOS, a stop string or max_tokens, even inside a block.
+"""specdec/decoding/stopping.py: a sequence ends at EOS, a stop string or max_tokens, even inside a block.
 
 A round emits a block of tokens; the checker keeps them up to and including the one that ended the
 sequence and nothing after it. Stop strings are matched on the completion's text, across rounds.
@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from tests.tokenizer_cases import MIXED_TEXT, TOKENIZERS, blocks, decode, encode, load, stop_inside_a_straddling_token
-from verifier_service.stopping import LENGTH, STOP, StopChecker
+from specdec.decoding.stopping import LENGTH, STOP, StopChecker
 
 EOS = 2
 

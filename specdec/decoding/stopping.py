@@ -1,5 +1,8 @@
 """When a sequence ends: EOS, stop strings and max_tokens, even inside a block.
 
+The verifier checks every round with it; the gateway checks a resumed request's whole output with it
+(a stop string can span the tokens of two verifiers).
+
 A round can emit several tokens; no token past the first stop condition is kept.
 Stop strings are matched on the detokenized completion.
 """
