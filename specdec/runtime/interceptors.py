@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextvars
 import dataclasses
 import hmac
+import inspect
 import logging
 import typing
 
@@ -85,6 +86,9 @@ class CloseStreams(grpc.aio.ServerInterceptor):
             _OPEN_STREAMS.set(opened)  # this call's task runs in its own copy of the context
             responses = stream(request, context)
             try:
+                if inspect.isawaitable(responses):  # a handler that writes through context.write (grpc health's Watch)
+                    await responses
+                    return
                 async for response in responses:
                     await context.write(response)
             finally:
