@@ -156,15 +156,16 @@ class Generation:
         metrics.LIVE_SEQUENCES.inc()
         try:
             while True:
-                verifier = self.verifiers.pick(avoid=lost)
-                if verifier is None:
-                    raise GenerationError(grpc.StatusCode.UNAVAILABLE, self._no_verifier_left(lost))
                 if emitted and len(emitted) >= decode.max_tokens:  # all there; only the last message was lost
                     final = verifier_pb2.DecodeResponse(finish_reason=common_pb2.FINISH_REASON_LENGTH)
                     final = whole_request_final(final, len(prompt), len(emitted))
                     record(span, final)
                     yield Piece(text.finish(""), [], final)
                     return
+                verifier = self.verifiers.pick(avoid=lost)
+                if verifier is None:
+                    raise GenerationError(grpc.StatusCode.UNAVAILABLE, self.verifiers.problem()
+                                          or "no verifier is usable; retry shortly")
                 request = resumed(decode, emitted) if emitted else decode
                 remaining_s = self.config.request_timeout_s - (time.perf_counter() - started)
                 stream = None
@@ -221,16 +222,14 @@ class Generation:
                         # request here: end the verifier's call, freeing the sequence
                         stream.cancel()
                 code, details = failure
-                if len(lost) >= self.config.max_resumes or (emitted and decode.HasField("constraint")):
-                    if emitted and decode.HasField("constraint"):
-                        details += "; a constrained request cannot resume past its first token"
-                    log.error("request %s: the verifier at %s failed after %d tokens (%s: %s)", decode.request_id,
-                              verifier.address, len(emitted), code.name, details)
-                    raise GenerationError(grpc.StatusCode.UNAVAILABLE,
-                                          f"the verifier failed mid-request ({code.name}) after {len(lost)} "
-                                          "resumes; retry shortly" if lost else
-                                          f"the verifier failed ({code.name}); retry shortly")
+                if verifier.suspect is not None:  # out of the pool at once, checked again at once
+                    await verifier.suspect(f"{code.name}: {details}")
                 lost.append(verifier)
+                why_not = self._why_not_resume(decode, emitted, lost, code)
+                if why_not:
+                    log.error("request %s: the verifier at %s failed after %d tokens (%s: %s); %s",
+                              decode.request_id, verifier.address, len(emitted), code.name, details, why_not)
+                    raise GenerationError(grpc.StatusCode.UNAVAILABLE, why_not)
                 failed_at = time.perf_counter()
                 if decode.stop and whole_stop is None:
                     whole_stop = StopChecker([], 2**32, list(decode.stop), self.tokenizer, prompt)
@@ -241,16 +240,22 @@ class Generation:
                                                   "specdec.tokens_emitted": len(emitted), "specdec.resume": len(lost)})
                 log.warning("request %s: the verifier at %s went away after %d tokens (%s: %s); resuming on "
                             "another", decode.request_id, verifier.address, len(emitted), code.name, details)
-                if verifier.suspect is not None:
-                    await verifier.suspect(f"{code.name}: {details}")
         finally:
             metrics.LIVE_SEQUENCES.dec()
 
-    def _no_verifier_left(self, lost: list[Verifier]) -> str:
-        if not lost:
-            return self.verifiers.problem() or "no verifier is usable; retry shortly"
-        return (f"the verifier at {lost[-1].address} went away mid-request and no other verifier is usable; "
-                "retry shortly")
+    def _why_not_resume(self, decode: verifier_pb2.DecodeRequest, emitted: list[int], lost: list[Verifier],
+                        code: grpc.StatusCode) -> str | None:
+        """Why the request cannot go on on another verifier after losing lost[-1] (the client's message), or
+        None when it can."""
+        if emitted and decode.HasField("constraint"):
+            return (f"the verifier failed mid-request ({code.name}); a constrained request cannot resume past its "
+                    "first token (the grammar's state was on that verifier); retry shortly")
+        if len(lost) > self.config.max_resumes:
+            return f"the verifier failed mid-request ({code.name}) after {len(lost) - 1} resumes; retry shortly"
+        if self.verifiers.pick(avoid=lost) is None:
+            return (f"the verifier service is unavailable ({code.name}) and no other verifier is usable; "
+                    "retry shortly")
+        return None
 
 
 def resumed(decode: verifier_pb2.DecodeRequest, emitted: list[int]) -> verifier_pb2.DecodeRequest:
