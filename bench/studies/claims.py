@@ -25,9 +25,8 @@ import statistics
 import sys
 
 from bench.core.machine import machine_info, process_memory_mib
-from bench.core.methods import Sample, StackMethod
+from bench.core.methods import Sample, StackMethod, add_stack_options, stack_kwargs
 from bench.core.workloads import Prompt, chatml_conversation, load_workload, parse_workloads
-from specdec.runtime.config import model_dir
 
 PARTS = ("temperature", "length", "memory")
 # The code a long prompt asks about: this repository's own source, so the text is fixed and needs no download.
@@ -39,19 +38,14 @@ LENGTH_QUESTION = "Write a one-paragraph summary of what the code above does."
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m bench claims", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", required=True, type=model_dir, help="target model directory")
-    parser.add_argument("--draft-model", required=True, type=model_dir, help="draft model directory (one vocabulary)")
+    add_stack_options(parser, repeats=1)  # --model, --draft-model (required here), --engine, --dtype, --threads, ...
+    parser.set_defaults(out="bench/results/pair/claims.json")
     parser.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated, of {', '.join(PARTS)}")
-    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     parser.add_argument("--k", type=int, default=4, help="the fixed block size speculation runs at")
     parser.add_argument("--workloads", default="sql,structured,chat", help="temperature: the prompts' workloads")
     parser.add_argument("--prompts-per-workload", type=int, default=2)
     parser.add_argument("--temperatures", default="0,0.7,1.0")
     parser.add_argument("--lengths", default="200,1000,4000", help="length: prompt sizes in tokens")
-    parser.add_argument("--max-tokens", type=int, default=48)
-    parser.add_argument("--repeats", type=int, default=1)
-    parser.add_argument("--threads", type=int, default=2, help="torch threads of the verifier")
-    parser.add_argument("--out", default="bench/results/pair/claims.json")
     return parser
 
 
@@ -140,20 +134,19 @@ def memory_of(services) -> dict:
 
 
 def stack(args, method: str):
+    """The stack the bench's load tools start (bench.core.methods.stack_kwargs), with this draft method."""
     from devkit.stack import running_stack
 
-    verifier = ["--dtype", args.dtype, "--threads", str(args.threads)]
-    from draft_service.config import MODEL_METHODS
-
-    draft = ["--dtype", args.dtype] if method in MODEL_METHODS else []
-    return running_stack(args.model, args.draft_model, method=method, verifier_args=verifier, draft_args=draft,
-                         env={"OMP_WAIT_POLICY": "PASSIVE"}, timeout_s=900)
+    return running_stack(args.model, **stack_kwargs(argparse.Namespace(**{**vars(args), "method": method})))
 
 
 def main(argv=None) -> int:
     from specdec.modeling.models import load_tokenizer
 
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not args.draft_model:
+        parser.error("--draft-model is required: the claims are about a model draft")
     parts = [p.strip() for p in args.parts.split(",") if p.strip()]
     unknown = sorted(set(parts) - set(PARTS))
     if unknown:
