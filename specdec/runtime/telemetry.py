@@ -2,7 +2,9 @@
 
 Tracing is always wired (so context propagates through every hop), and spans
 are exported over OTLP only when the standard OTEL_EXPORTER_OTLP_ENDPOINT (or
-OTEL_EXPORTER_OTLP_TRACES_ENDPOINT) variable is set. W3C traceparent travels in
+OTEL_EXPORTER_OTLP_TRACES_ENDPOINT) variable is set; with the standard
+OTEL_TRACES_EXPORTER=console they are also written to standard error, one JSON
+object per span (a round's events with no collector at hand). W3C traceparent travels in
 gRPC metadata through the official gRPC instrumentation's interceptors. Health
 checks are kept out of traces.
 """
@@ -11,12 +13,13 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 
 from opentelemetry import trace
 from opentelemetry.instrumentation.grpc import aio_client_interceptors, aio_server_interceptor, filters
 from opentelemetry.sdk.resources import SERVICE_NAME, Resource
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SimpleSpanProcessor
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +50,9 @@ def setup_tracing(default_service_name: str) -> TracerProvider:
         provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(), max_queue_size=SPAN_QUEUE_SIZE))
         log.info("exporting traces over OTLP to %s", os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
                  or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"))
+    if "console" in os.environ.get("OTEL_TRACES_EXPORTER", "").split(","):
+        provider.add_span_processor(SimpleSpanProcessor(ConsoleSpanExporter(
+            out=sys.stderr, formatter=lambda span: span.to_json(indent=None) + "\n")))
     trace.set_tracer_provider(provider)
     return provider
 
