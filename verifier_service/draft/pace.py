@@ -7,7 +7,9 @@ time then fails every round, and the draft is never used. So the wait follows th
   smaller size nor cheaper per token than a larger one (a draft's block costs a fixed part plus a
   part per token, so both bounds hold);
 - the first round of a stream also waits while the draft reads the prompt: its extra time is learnt
-  apart (`opening`), so that one long prompt does not make every later round wait longer;
+  apart (`opening`), so that one long prompt does not make every later round wait longer (or every
+  later block look dear: the policy prices block sizes not yet timed by this pace). Before any block
+  was timed, a first round's whole time is the opening's;
 - a round that timed out is evidence too: the draft takes longer than that round waited, so the
   estimate grows to GROW times the wait (and the next round waits SLACK times that);
 - the round's wait is SLACK times the prediction, at least --draft-timeout-ms (the floor) and at most
@@ -54,7 +56,10 @@ class DraftPace:
             return
         if opening:
             before = self.predicted(k)
-            if before is not None and wait_s >= before:
+            if before is None:  # nothing to tell the block's part from the prompt's: the opening holds it all
+                self.opening.add(wait_s)
+                return
+            if wait_s >= before:
                 self.opening.add(wait_s - before)
                 return
             # faster than predicted even while reading the prompt: the block alone takes no longer than this
@@ -66,8 +71,8 @@ class DraftPace:
             return
         floor = GROW * waited_s
         before = self.predicted(k)
-        if opening and before is not None:
-            self.opening.value = max(self.opening.value or 0.0, floor - before)
+        if opening:  # the draft was reading the prompt: that is slow, not (as far as is known) its blocks
+            self.opening.value = max(self.opening.value or 0.0, floor - (before or 0.0))
             return
         estimate = self.seconds.setdefault(k, Ewma())
         estimate.value = max(estimate.value or 0.0, floor)

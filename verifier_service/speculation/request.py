@@ -198,16 +198,19 @@ class RequestSpeculation:
         seconds = 0.0 if round_.shared else round_.seconds  # a shared step's time is for StepCost, not RoundCost
         # this round's ask; reset, for the vLLM engine records a step's round before it asks for the next block
         asked_k, self.asked_k = self.asked_k, 0
+        reading = self.opening and round_.fallback == "timeout"  # the stream is kept: its answer comes later
         if asked_k and not self.block_came_ahead and round_.draft_wait_s is not None:
-            self.policy.cost.observe_wait(round_.draft_wait_s)  # what asking costs when the answer is waited for
+            if not reading:  # what asking costs when the answer is waited for (a prompt is read once a request)
+                self.policy.cost.observe_wait(round_.draft_wait_s)
             if round_.fallback == "timeout":  # the draft takes longer than this wait: the next one is longer
                 self.draft.link.pace.timed_out(asked_k, round_.draft_wait_s, self.opening)
             elif round_.fallback in DRAFT_ANSWERED:
                 self.draft.link.pace.observe(asked_k, round_.draft_wait_s, self.opening)
-        if not round_.num_draft_tokens and round_.fallback in DRAFT_GAVE_NOTHING and asked_k:
+        if not round_.num_draft_tokens and round_.fallback in DRAFT_GAVE_NOTHING and asked_k and not reading:
             self.policy.observe(asked_k, 0, seconds)  # drafting's price, not a plain step's
         elif not round_.num_draft_tokens and asked_k:
-            # asked, and nothing worth verifying came (no match, or a block too weak): a plain step after the wait;
+            # asked, and nothing worth verifying came (no match, or a block too weak, or the draft is still reading
+            # the prompt: a cost of the request's first round, not of a block of k): a plain step after the wait;
             # the wait is drafting's (`RoundCost.wait`), not a plain step's
             wait = round_.draft_wait_s if round_.draft_wait_s is not None else 0.0
             self.policy.observe(0, 0, max(seconds - wait, 0.0), asked_k=asked_k)

@@ -73,6 +73,20 @@ def test_a_timeout_grows_the_estimate_and_the_first_round_of_a_stream_is_learnt_
     assert pace.wait_s(4, floor_s=0.1, cap_s=1.0, opening=True) > 1.0 >= pace.wait_s(4, floor_s=0.1, cap_s=1.0)
 
 
+def test_a_first_round_before_any_block_was_timed_teaches_the_opening_only():
+    """A server's first round waits for the prompt to be read and the block drafted, with nothing to tell the two
+    apart. Charged to the block, a long prompt would make that size look dear to the policy for as long as it is not
+    asked again (a size the policy stops asking for is never re-timed); so it is the opening's."""
+    pace = DraftPace()
+    pace.timed_out(4, 1.0, opening=True)
+    assert pace.predicted(4) is None and pace.opening.value == pytest.approx(GROW * 1.0)
+    pace = DraftPace()
+    pace.observe(4, 1.6, opening=True)
+    assert pace.predicted(4) is None and pace.opening.value == pytest.approx(1.6)
+    pace.observe(1, 0.2)
+    assert pace.predicted(1, opening=True) == pytest.approx(1.8)  # a later stream's first round waits for both
+
+
 def test_the_policy_does_not_ask_for_a_block_that_cannot_arrive_in_time():
     """Rounds were timed at k = 0 and 1 only. Priced on the prior slope, a block of 8 looks nearly free; priced with
     the draft's pace, the policy asks for the block that pays with the draft's time, and for none past the timed

@@ -18,6 +18,8 @@ from tests.draft_service.inprocess import draft_server
 from tests.verifier_service.draft.test_ahead import truth
 from tests.verifier_service.draft.test_link_limits import target
 from verifier_service.draft.client import DraftLink
+from verifier_service.speculation.policy import RoundCost, SpeculationPolicy
+from verifier_service.speculation.request import RequestSpeculation, Round
 
 PROMPT = [truth(i) for i in range(20)]  # the pattern twice: the n-gram draft continues it
 
@@ -122,3 +124,27 @@ def test_a_draft_still_reading_the_prompt_keeps_its_stream_and_answers_later():
                 await link.close()
 
     assert asyncio.run(asyncio.wait_for(main(), 30)) == {"used": 1}
+
+
+def test_a_round_spent_waiting_for_the_prompt_to_be_read_prices_no_block():
+    """The request's first round times out while the draft reads the prompt. That says how long a prompt takes to
+    read, not what a block of 4 costs: the policy records a plain step (not 4 drafted tokens, none accepted, at the
+    round's whole time), the wait is not the draft's usual one, and the pace learns it as the opening's."""
+    async def main():
+        async with draft_server(proposer=SlowReader(0.6)) as (address, servicer):
+            link = DraftLink(address, ServerConfig(), target(), timeout_s=0.1, pipeline=False)
+            cost = RoundCost()
+            speculation = RequestSpeculation(SpeculationPolicy(4, 8, cost=cost), link.session("r", SamplingParams()))
+            try:
+                block, reason = await speculation.propose(PROMPT, 4)
+                assert (block.token_ids, reason) == ([], "timeout") and speculation.draft.reading_prompt
+                speculation.record(Round(0, 0, 0.35, draft_wait_s=0.1, forward_s=0.25, fallback=reason))
+                assert set(cost.seconds) == {0} and cost.seconds[0].value == pytest.approx(0.25)
+                assert cost.acceptance[True].judged == 0.0, "no rejection is counted"
+                assert cost.wait.value is None
+                assert link.pace.predicted(4) is None and link.pace.opening.value == pytest.approx(0.2)
+            finally:
+                speculation.close(None)
+                await link.close()
+
+    asyncio.run(asyncio.wait_for(main(), 30))
