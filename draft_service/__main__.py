@@ -43,7 +43,8 @@ def build_proposer_servicer(cfg: DraftConfig) -> DraftServicer:
         model = models.load_causal_lm(cfg.model, cfg.device, cfg.dtype)
         proposer = ModelProposer(model)
         if cfg.method == "hybrid":
-            proposer = HybridProposer(SuffixProposer(suffix_config(cfg)), proposer, cfg.hybrid_min_suffix)
+            proposer = HybridProposer(SuffixProposer(suffix_config(cfg)), proposer, cfg.hybrid_min_suffix,
+                                      cfg.max_speculative_tokens)
         return DraftServicer(proposer, models.describe(cfg.model, tokenizer, model), cfg)
     info = models.describe(cfg.model, tokenizer)
     if cfg.method == "replay":

@@ -6,11 +6,17 @@ copies its input or earlier outputs (code edits, JSON), and nothing useful elsew
 better of n-gram and EAGLE per step reached 4.9x on code editing (arXiv 2601.11580). This is a simple, causal rule
 in that direction, composed of the two proposers as they are:
 
-- Each block comes from one side only. The suffix side is asked first, for max(k, --hybrid-min-suffix) tokens; if it
-  drafted at least --hybrid-min-suffix tokens on its match (chained tokens not counted), its block is the answer
-  (cut to k). Its length is the evidence: suffix decoding drafts at most one token per matched token and stops where
-  the continuation's estimated probability falls below --suffix-min-token-prob, so a long block means a long match
-  that went on the same way often. Otherwise the suffix's tokens are retracted and the model drafts k tokens.
+- Each block comes from one side only. The suffix side is asked first, for as many tokens as its evidence goes (up to
+  the draft's --max-speculative-tokens); if it drafted at least --hybrid-min-suffix tokens on its match (chained
+  tokens not counted), its block is the answer. Its length is the evidence: suffix decoding drafts at most one token
+  per matched token and stops where the continuation's estimated probability falls below --suffix-min-token-prob, so
+  a long block means a long match that went on the same way often. Otherwise the suffix's tokens are retracted and
+  the model drafts k tokens.
+- A suffix block is not cut to k: it says it was sized by its evidence (`DraftBlock.sized_by_draft`), and the
+  verifier verifies it only as far as its tokens pay, as it does every block of the suffix draft alone, and does not
+  time the draft's pace on it (it took no forward). The verifier's k prices the model side, whose
+  block costs a forward per token; cut to that k, a suffix block on a refactor would bring one or two tokens a round
+  where the suffix draft alone brings six.
 - Probabilities stay exact: a suffix block carries no q (one-hot, deterministic), a model block carries the model's
   q, and the verifier judges each block by its own q. Which side answers depends only on the context (the prompt and
   the target's tokens), never on a draft's random draw.
@@ -55,8 +61,9 @@ class HybridConfig:
 class HybridSequence(DraftSequence):
     """Two sequences of the same tokens, `suffix` and `model`; each block from one of them (module docstring)."""
 
-    def __init__(self, suffix: DraftSequence, model: DraftSequence, min_suffix: int):
+    def __init__(self, suffix: DraftSequence, model: DraftSequence, min_suffix: int, longest: int = 0):
         self.suffix, self.model, self.min_suffix = suffix, model, min_suffix
+        self.longest = longest  # the longest block the suffix side may size by its evidence (0: k)
 
     @property
     def tokens(self) -> list[int]:
@@ -74,9 +81,9 @@ class HybridSequence(DraftSequence):
         if k <= 0:
             return DraftBlock.empty()
         start = len(self.tokens)
-        block = self.suffix.propose(max(k, self.min_suffix))
+        block = self.suffix.propose(max(k, self.min_suffix, self.longest))
         if len(block.token_ids) - block.num_chained >= self.min_suffix:
-            block = block.cut(k)
+            block = dataclasses.replace(block.cut(max(k, self.longest)), sized_by_draft=True)
             self.suffix.retract(start + len(block.token_ids))
             self.model.adopt(block.token_ids)  # token ids only: its KV catches up when it next drafts
             self.source = "suffix"
@@ -110,10 +117,13 @@ class HybridProposer(Proposer):
     inline = False  # the model side runs a forward: on the compute thread (the suffix cache takes a lock)
     sizes_blocks = False  # the verifier's k bounds the model's cost (module docstring)
 
-    def __init__(self, suffix: Proposer, model: Proposer, min_suffix: int = HybridConfig.hybrid_min_suffix):
+    def __init__(self, suffix: Proposer, model: Proposer, min_suffix: int = HybridConfig.hybrid_min_suffix,
+                 longest: int = 0):
         self.suffix, self.model, self.min_suffix = suffix, model, min_suffix
+        self.longest = longest  # --max-speculative-tokens: a suffix block may be this long (0: no longer than k)
 
     def start(self, prompt_ids: list[int], sampling: SamplingParams, return_probs: bool,
               tenant: str = "") -> HybridSequence:
         return HybridSequence(self.suffix.start(prompt_ids, sampling, return_probs, tenant),
-                              self.model.start(prompt_ids, sampling, return_probs, tenant), self.min_suffix)
+                              self.model.start(prompt_ids, sampling, return_probs, tenant), self.min_suffix,
+                              self.longest)

@@ -152,7 +152,7 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
                                        context, k)
         if ahead is not None:
             ahead.answered(Block(len(sequence.tokens) - len(proposal.token_ids), list(proposal.token_ids), k))
-        return self._response(proposal, k, block.round, len(sequence.tokens))
+        return self._response(proposal, k, block.round, len(sequence.tokens), sized_ok=ahead is None)
 
     async def _ahead(self, sequence: DraftSequence, ahead: DraftAhead, longest: int,
                      context) -> list[draft_pb2.ProposeResponse]:
@@ -186,14 +186,18 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
         return proposal
 
     @staticmethod
-    def _response(proposal: DraftBlock, k: int, round_: int, sequence_length: int) -> draft_pb2.ProposeResponse:
-        """The first k proposed tokens (and their q) as a message."""
-        proposal = proposal.cut(k)
+    def _response(proposal: DraftBlock, k: int, round_: int, sequence_length: int,
+                  sized_ok: bool = False) -> draft_pb2.ProposeResponse:
+        """The first k proposed tokens (and their q) as a message; all of them, where the proposer sized the block by
+        its evidence and the stream is not pipelined (sized_ok: a block drafted ahead assumes the one before it was
+        exactly as long as asked)."""
+        sized = proposal.sized_by_draft and sized_ok
+        proposal = proposal if sized else proposal.cut(k)
         metrics.DRAFT_TOKENS_PROPOSED.inc(len(proposal.token_ids))
         probs = b"" if proposal.probs is None else proposal.probs.numpy().astype("<f4", copy=False).tobytes()
         return draft_pb2.ProposeResponse(token_ids=proposal.token_ids, probs=probs, sequence_length=sequence_length,
                                          round=round_, num_chained=proposal.num_chained,
-                                         num_forced=proposal.num_forced)
+                                         num_forced=proposal.num_forced, sized_by_draft=sized)
 
     @staticmethod
     def _step(sequence: DraftSequence, keep_length: int, append: list[int], n: int, assumed: bool) -> DraftBlock:

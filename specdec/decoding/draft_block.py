@@ -17,6 +17,7 @@ class DraftBlock:
     ahead: bool = False  # drafted ahead, while the previous round was verified (pipelined drafting)
     num_chained: int = 0  # tokens chained past the draft's match (suffix decoding), before the forced ones; the verifier may cut them
     num_forced: int = 0  # the last tokens were forced by the request's grammar (the draft's grammar tail)
+    sized_by_draft: bool = False  # as long as the draft's evidence went, not as long as asked (the hybrid's suffix side)
 
     @classmethod
     def empty(cls) -> DraftBlock:
@@ -38,4 +39,4 @@ class DraftBlock:
         forced = max(0, end - max(offset, forced_from))
         chained = max(0, min(end, forced_from) - max(offset, chained_from))
         return DraftBlock(self.token_ids[offset:end], None if self.probs is None else self.probs[offset:end],
-                          self.ahead, chained, forced)
+                          self.ahead, chained, forced, self.sized_by_draft)

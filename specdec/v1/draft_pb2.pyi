@@ -50,7 +50,7 @@ class NextBlock(_message.Message):
     def __init__(self, keep_length: _Optional[int] = ..., append_token_ids: _Optional[_Iterable[int]] = ..., num_tokens: _Optional[int] = ..., round: _Optional[int] = ...) -> None: ...
 
 class ProposeResponse(_message.Message):
-    __slots__ = ("token_ids", "probs", "sequence_length", "round", "ahead", "answered_ahead", "num_chained", "num_forced")
+    __slots__ = ("token_ids", "probs", "sequence_length", "round", "ahead", "answered_ahead", "num_chained", "num_forced", "sized_by_draft")
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     PROBS_FIELD_NUMBER: _ClassVar[int]
     SEQUENCE_LENGTH_FIELD_NUMBER: _ClassVar[int]
@@ -59,6 +59,7 @@ class ProposeResponse(_message.Message):
     ANSWERED_AHEAD_FIELD_NUMBER: _ClassVar[int]
     NUM_CHAINED_FIELD_NUMBER: _ClassVar[int]
     NUM_FORCED_FIELD_NUMBER: _ClassVar[int]
+    SIZED_BY_DRAFT_FIELD_NUMBER: _ClassVar[int]
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     probs: bytes
     sequence_length: int
@@ -67,7 +68,8 @@ class ProposeResponse(_message.Message):
     answered_ahead: bool
     num_chained: int
     num_forced: int
-    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., probs: _Optional[bytes] = ..., sequence_length: _Optional[int] = ..., round: _Optional[int] = ..., ahead: _Optional[_Union[AheadAssumption, _Mapping]] = ..., answered_ahead: _Optional[bool] = ..., num_chained: _Optional[int] = ..., num_forced: _Optional[int] = ...) -> None: ...
+    sized_by_draft: bool
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., probs: _Optional[bytes] = ..., sequence_length: _Optional[int] = ..., round: _Optional[int] = ..., ahead: _Optional[_Union[AheadAssumption, _Mapping]] = ..., answered_ahead: _Optional[bool] = ..., num_chained: _Optional[int] = ..., num_forced: _Optional[int] = ..., sized_by_draft: _Optional[bool] = ...) -> None: ...
 
 class AheadAssumption(_message.Message):
     __slots__ = ("keep_length", "append_token_ids")

@@ -52,6 +52,19 @@ def test_a_repeated_span_is_drafted_by_the_suffix_side_without_a_model_forward(m
     assert blocks("suffix") == before + 1
 
 
+def test_a_suffix_block_goes_as_far_as_its_match_not_as_far_as_k(model):
+    """The verifier's k prices the model side; a suffix block is sized by its evidence, up to `longest`, and says so
+    (the verifier cuts it to what pays). A model block is exactly k and is not marked."""
+    seq = HybridProposer(SuffixProposer(), ModelProposer(model), 4, longest=32).start(REPEATED, SamplingParams(), False)
+    block = seq.propose(2)
+    assert seq.source == "suffix" and block.sized_by_draft
+    assert block.token_ids[:18] == SPAN[12:] and len(block.token_ids) <= 32  # the span's rest, and maybe past it
+    assert in_step(seq)
+    seq = HybridProposer(SuffixProposer(), ModelProposer(model), 4, longest=32).start(UNIQUE, SamplingParams(), False)
+    block = seq.propose(2)
+    assert seq.source == "model" and len(block.token_ids) == 2 and not block.sized_by_draft
+
+
 def test_without_a_match_the_model_drafts(model):
     seq = start(model, UNIQUE)
     before = blocks("model")

@@ -397,15 +397,19 @@ class DraftSession:
     def _block(self, response: draft_pb2.ProposeResponse, k: int, ahead: bool = False, offset: int = 0) -> DraftBlock:
         """The response as a block of at most k tokens, from its token `offset` on (a prefetched block, after the
         tokens decoded meanwhile). An ahead or prefetched block was drafted before k was known and may be longer:
-        its first k tokens are a block for this round (q of each is conditioned on those before)."""
+        its first k tokens are a block for this round (q of each is conditioned on those before). A block the draft
+        sized by its evidence (`sized_by_draft`) may be longer than k, up to the draft's own limit, and is kept whole:
+        the policy cuts it to what pays."""
         tokens = list(response.token_ids)
         vocab = self.link.target_info.vocab_size
-        if (len(tokens) > k and not ahead) or any(t < 0 or t >= vocab for t in tokens):
+        sized = response.sized_by_draft and not ahead and len(tokens) <= self.link.max_k
+        if (len(tokens) > k and not ahead and not sized) or any(t < 0 or t >= vocab for t in tokens):
             raise DraftUnavailable(f"the draft sent an invalid block {tokens[:8]} for k={k}")
         if response.num_chained + response.num_forced > len(tokens):
             raise DraftUnavailable(f"the draft said {response.num_chained} chained and {response.num_forced} forced "
                                    f"of its {len(tokens)} tokens")
-        block = DraftBlock(tokens, None, ahead, response.num_chained, response.num_forced).window(offset, k)
+        block = DraftBlock(tokens, None, ahead, response.num_chained, response.num_forced,
+                           sized).window(offset, len(tokens) if sized else k)
         if not response.probs:
             return block
         probs = np.frombuffer(response.probs, dtype="<f4")

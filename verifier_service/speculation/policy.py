@@ -431,9 +431,10 @@ class SpeculationPolicy:
                     self.off_reason = "load"  # pays for this row, costs the others more: asked again next step
                     return 0
                 k = k if self.probing else step_k
-            if k and self.draft_sizes_blocks and not self.probing:
-                k = self.max_k
+            if k and not self.probing:  # blocks the draft sizes are cut on these (all its blocks, or some: hybrid)
                 self.cut_times, self.cut_alpha = optimistic, alpha
+                if self.draft_sizes_blocks:
+                    k = self.max_k
             if k == 0:
                 if hopeless:
                     self.next_cooldown = MAX_COOLDOWN_ROUNDS
@@ -481,7 +482,7 @@ class SpeculationPolicy:
         if not accepted:
             self.probing = False
 
-    def cut_block(self, num_tokens: int, num_chained: int, num_forced: int = 0) -> int:
+    def cut_block(self, num_tokens: int, num_chained: int, num_forced: int = 0, sized: bool = False) -> int:
         """How many of a block's num_tokens to verify, its last num_chained chained past the draft's match: the n
         from none up to all that emits the most expected tokens per second, where the matched tokens are accepted
         with alpha each and a chained one, reached only past them all, with the server-wide acceptance of chained
@@ -489,8 +490,10 @@ class SpeculationPolicy:
         block too short for its acceptance costs more to verify than it emits. Only in a round whose k the policy
         chose (not at a fixed k, not in a retry): else the matched ones. The last num_forced, forced by the grammar,
         are judged by the server-wide acceptance of forced tokens; kept at a fixed k unless chained ones come
-        before them."""
-        matched, times = num_tokens - num_chained - num_forced, self.cut_times
+        before them. sized: the draft sized this block by its evidence though it does not size all its blocks (the
+        hybrid draft's suffix side): cut as a sizing draft's."""
+        matched = num_tokens - num_chained - num_forced
+        times = self.cut_times if self.draft_sizes_blocks or sized else None
         self.cut_from = matched
         if times is None or not num_tokens:
             return matched if num_chained else num_tokens

@@ -162,7 +162,7 @@ class RequestSpeculation:
             self.policy.observe_first_token(first_token_accepted)
         if block is not None:
             self.block_came_ahead = self.block_prefetched = True
-            return self._verified(block, "")
+            return self._verified(block, "", k)
         if self.draft.reading_prompt:  # the draft's first answer is still to come: a plain step, asking nothing
             return self.block, "reading_prompt"
         if self.policy.step_while_drafting(k) and not self.draft.ahead_ready(tokens):
@@ -171,12 +171,17 @@ class RequestSpeculation:
         self.opening = self.draft.stream is None
         block, reason = await self.draft.propose(tokens, k, self.draft_wait_s(k, self.opening))
         self.block_came_ahead = block.ahead
-        return self._verified(block, reason)
+        return self._verified(block, reason, k)
 
-    def _verified(self, block: DraftBlock, reason: str) -> tuple[DraftBlock, str]:
+    def _verified(self, block: DraftBlock, reason: str, k: int) -> tuple[DraftBlock, str]:
         """The block as it will be verified, and why it is empty where it is: only as far as the policy finds its
-        tokens pay (`SpeculationPolicy.cut_block`), so none of a block too weak to pay ("weak_draft")."""
-        self.block = block.cut(self.policy.cut_block(len(block.token_ids), block.num_chained, block.num_forced))
+        tokens pay (`SpeculationPolicy.cut_block`), so none of a block too weak to pay ("weak_draft"). A block the
+        draft sized by its evidence, longer than the k asked, is cut likewise, and never past the policy's largest k
+        (or past k, where the policy did not choose k: a request's fixed k, a retry)."""
+        n = self.policy.cut_block(len(block.token_ids), block.num_chained, block.num_forced, block.sized_by_draft)
+        if block.sized_by_draft:
+            n = min(n, self.policy.max_k if self.policy.cut_times is not None else k)
+        self.block = block.cut(n)
         return self.block, reason or ("weak_draft" if block.token_ids and not self.block.token_ids else "")
 
     def record(self, round_: Round) -> None:
@@ -199,7 +204,9 @@ class RequestSpeculation:
         # this round's ask; reset, for the vLLM engine records a step's round before it asks for the next block
         asked_k, self.asked_k = self.asked_k, 0
         reading = self.opening and round_.fallback == "timeout"  # the stream is kept: its answer comes later
-        if asked_k and not self.block_came_ahead and round_.draft_wait_s is not None:
+        # a block the draft sized by its evidence (the hybrid's suffix side) took no model forward: it says nothing
+        # of how long a block of asked_k takes when the model drafts it
+        if asked_k and not self.block_came_ahead and round_.draft_wait_s is not None and not self.block.sized_by_draft:
             if not reading:  # what asking costs when the answer is waited for (a prompt is read once a request)
                 self.policy.cost.observe_wait(round_.draft_wait_s)
             if round_.fallback == "timeout":  # the draft takes longer than this wait: the next one is longer

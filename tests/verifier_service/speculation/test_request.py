@@ -161,3 +161,30 @@ def test_forced_tokens_are_their_own_figure():
     assert speculation.stats.num_forced_tokens == 2 and speculation.stats.to_proto().num_forced_tokens == 2
     assert span.events[-1] == ("round", {"k": 3, "accepted": 3, "round_ms": 100.0, "ahead": False, "forced": 2})
     assert (policy.acceptance.accepted, policy.acceptance.judged) == (1, 1)
+
+
+def test_a_block_the_draft_sized_is_cut_to_what_pays_and_does_not_time_the_draft():
+    """The hybrid draft's suffix side answers a round asked for k = 2 with 10 tokens sized by its match: the policy
+    verifies as many as pay on the measured round times (more than 2, fewer than 10 where the tail would not pay),
+    never past its largest k; and the instant answer teaches neither the draft's pace nor its wait."""
+    from specdec.decoding.draft_block import DraftBlock
+
+    cost = RoundCost()
+    for _ in range(4):
+        cost.observe(0, 0, 0.30)
+        for k in range(1, 9):
+            cost.observe(k, k, 0.30 + 0.02 * k)
+    policy = SpeculationPolicy(4, 6, cost=cost)
+    for _ in range(10):
+        policy.acceptance.add(4, 4)
+    speculation = RequestSpeculation(policy, None)
+    k = policy.block_size(100, 100)
+    assert 1 <= k <= 6 and policy.cut_times is not None
+    sized = DraftBlock(list(range(10)), sized_by_draft=True)
+    block, reason = speculation._verified(sized, "", 2)
+    assert reason == "" and 2 < len(block.token_ids) <= 6, "past k, within the policy's largest"
+    block, _ = speculation._verified(DraftBlock(list(range(10))), "", 2)
+    assert len(block.token_ids) == 10, "a block not sized by the draft is verified as sent (the client checks k)"
+    policy.cut_times = None  # a fixed k or a retry: no cut on measured times
+    block, _ = speculation._verified(sized, "", 2)
+    assert len(block.token_ids) == 2
