@@ -338,7 +338,7 @@ class DraftSession:
         proposed, decoded = list(response.token_ids), tokens[base:]
         if not decoded or not proposed:
             return None, None
-        if len(proposed) > asked:
+        if len(proposed) > asked and not self._sized(response):
             log.warning("request %s: the draft answered %d tokens where %d were asked", self.request_id,
                         len(proposed), asked)
             self.ahead.prefetch("invalid")
@@ -394,6 +394,10 @@ class DraftSession:
         """The verifier kept the last block up to num_accepted tokens: the draft holds those too."""
         self.synced += num_accepted
 
+    def _sized(self, response: draft_pb2.ProposeResponse) -> bool:
+        """Whether the draft sized this block by its evidence, within its own limit: then it may be longer than asked."""
+        return response.sized_by_draft and len(response.token_ids) <= self.link.max_k
+
     def _block(self, response: draft_pb2.ProposeResponse, k: int, ahead: bool = False, offset: int = 0) -> DraftBlock:
         """The response as a block of at most k tokens, from its token `offset` on (a prefetched block, after the
         tokens decoded meanwhile). An ahead or prefetched block was drafted before k was known and may be longer:
@@ -402,14 +406,14 @@ class DraftSession:
         the policy cuts it to what pays."""
         tokens = list(response.token_ids)
         vocab = self.link.target_info.vocab_size
-        sized = response.sized_by_draft and not ahead and len(tokens) <= self.link.max_k
+        sized = self._sized(response)
         if (len(tokens) > k and not ahead and not sized) or any(t < 0 or t >= vocab for t in tokens):
             raise DraftUnavailable(f"the draft sent an invalid block {tokens[:8]} for k={k}")
         if response.num_chained + response.num_forced > len(tokens):
             raise DraftUnavailable(f"the draft said {response.num_chained} chained and {response.num_forced} forced "
                                    f"of its {len(tokens)} tokens")
         block = DraftBlock(tokens, None, ahead, response.num_chained, response.num_forced,
-                           sized).window(offset, len(tokens) if sized else k)
+                           sized).window(offset, len(tokens) - offset if sized else k)
         if not response.probs:
             return block
         probs = np.frombuffer(response.probs, dtype="<f4")

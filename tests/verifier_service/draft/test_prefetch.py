@@ -7,6 +7,7 @@ The "target" is the sequence itself, a repeating pattern the n-gram draft copies
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 
 import pytest
@@ -145,6 +146,46 @@ def test_a_round_spent_waiting_for_the_prompt_to_be_read_prices_no_block():
                 assert link.pace.predicted(4) is None and link.pace.opening.value == pytest.approx(0.2)
             finally:
                 speculation.close(None)
+                await link.close()
+
+    asyncio.run(asyncio.wait_for(main(), 30))
+
+
+class SizingNgram(NgramProposer):
+    """An n-gram draft whose every block is sized by its evidence, as the hybrid draft's suffix side's: asked for k,
+    it answers with twice as many where its match goes that far, and says so."""
+
+    def start(self, prompt_ids, sampling, return_probs, tenant=""):
+        sequence = super().start(prompt_ids, sampling, return_probs, tenant)
+        propose = sequence.propose
+        sequence.propose = lambda k: dataclasses.replace(propose(2 * k), sized_by_draft=True)
+        return sequence
+
+
+@pytest.mark.parametrize("prefetched", [False, True])
+def test_a_block_the_draft_sized_may_be_longer_than_asked_asked_or_prefetched(prefetched):
+    """Asked for 3 (prefetched: 3 + 1), the draft sizes its block by its match: 6 (8) tokens come, all kept for the
+    policy to cut; a longer one than the draft's own --max-speculative-tokens is refused as before."""
+    async def main():
+        async with draft_server(proposer=SizingNgram()) as (address, servicer):
+            link = DraftLink(address, ServerConfig(), target(), timeout_s=5.0, pipeline=False)
+            session = link.session("r", SamplingParams())
+            try:
+                if prefetched:
+                    assert await session.prefetch(PROMPT, 3) == ""
+                    decoded = PROMPT + [truth(20)]
+                    block, first_ok = await session.at_hand(decoded, 3)
+                    assert first_ok is True and session.ahead.prefetched == {"used": 1}
+                    assert block.token_ids == [truth(21 + i) for i in range(7)] and block.sized_by_draft
+                else:
+                    block, reason = await session.propose(PROMPT, 3)
+                    assert reason == "" and block.sized_by_draft
+                    assert block.token_ids == [truth(20 + i) for i in range(6)]
+                link.max_k = 5  # a draft that sends more than its own limit
+                block, reason = await session.propose(PROMPT + [truth(20)], 3)
+                assert block.token_ids == [] and reason == "failed"
+            finally:
+                session.close(None)
                 await link.close()
 
     asyncio.run(asyncio.wait_for(main(), 30))
