@@ -233,6 +233,10 @@ class DraftSession:
         # The stream's first round timed out while the draft read the prompt: its answer is taken as a prefetch's when
         # it comes (`at_hand`), and no round waits for it meanwhile (each decodes a plain step)
         self.reading_prompt = False
+        self.prefetch_sent_at: float | None = None  # when the unanswered prefetch was asked (None: a prompt's first ask)
+        # The last prefetch's answer time, for the draft's pace (`RequestSpeculation.record`): (k asked, seconds from
+        # the ask to its answer or to giving up on it, answered, the answer was sized by the draft's evidence)
+        self.prefetch_timing: tuple[int, float, bool, bool] | None = None
 
     @property
     def call(self):
@@ -306,6 +310,7 @@ class DraftSession:
             return self._round_failed(stream, exc)
         self.synced = len(tokens)
         self.prefetched = (round_, len(tokens), k)
+        self.prefetch_sent_at = time.perf_counter()
         return ""
 
     async def at_hand(self, tokens: list[int], k: int,
@@ -329,12 +334,17 @@ class DraftSession:
             self.reading_prompt = False
             self.link.backoff.succeeded()  # the draft was slow to read a long prompt, not gone
         (round_, base, asked), self.prefetched = self.prefetched, None
+        sent_at, self.prefetch_sent_at = self.prefetch_sent_at, None
         wait_s = self.link.timeout_s if wait_s is None else wait_s
         try:
             response = await asyncio.wait_for(stream.answer(round_), wait_s)
         except STREAM_ERRORS as exc:
+            if sent_at is not None and isinstance(exc, asyncio.TimeoutError):
+                self.prefetch_timing = (asked, time.perf_counter() - sent_at, False, False)
             self._round_failed(stream, exc, wait_s)
             return None, None
+        if sent_at is not None:
+            self.prefetch_timing = (asked, time.perf_counter() - sent_at, True, response.sized_by_draft)
         proposed, decoded = list(response.token_ids), tokens[base:]
         if not decoded or not proposed:
             return None, None
@@ -367,6 +377,7 @@ class DraftSession:
         self.link.failed(asyncio.TimeoutError(), waited_s)
         self.synced = len(tokens)
         self.prefetched = (stream.round, len(tokens), k)
+        self.prefetch_sent_at = None  # its answer time is mostly the prompt's: it does not time the draft's blocks
         self.reading_prompt = True
         log.info("request %s: the draft is still reading the prompt after %.0f ms; decoding plainly until it answers",
                  self.request_id, waited_s * 1000)

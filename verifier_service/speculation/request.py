@@ -213,6 +213,15 @@ class RequestSpeculation:
                 self.draft.link.pace.timed_out(asked_k, round_.draft_wait_s, self.opening)
             elif round_.fallback in DRAFT_ANSWERED:
                 self.draft.link.pace.observe(asked_k, round_.draft_wait_s, self.opening)
+        if self.draft is not None and self.draft.prefetch_timing is not None:
+            # a block asked during a plain step: from its ask to its answer (or to giving up on it) is the draft's pace
+            # as well, and where the policy steps while drafting, the only measure of it
+            prefetched_k, prefetch_s, answered, sized = self.draft.prefetch_timing
+            self.draft.prefetch_timing = None
+            if not answered:
+                self.draft.link.pace.timed_out(prefetched_k, prefetch_s)
+            elif not sized:
+                self.draft.link.pace.observe(prefetched_k, prefetch_s)
         if not round_.num_draft_tokens and round_.fallback in DRAFT_GAVE_NOTHING and asked_k and not reading:
             self.policy.observe(asked_k, 0, seconds)  # drafting's price, not a plain step's
         elif not round_.num_draft_tokens and asked_k:

@@ -189,3 +189,34 @@ def test_a_block_the_draft_sized_may_be_longer_than_asked_asked_or_prefetched(pr
                 await link.close()
 
     asyncio.run(asyncio.wait_for(main(), 30))
+
+
+def test_a_prefetched_answer_times_the_draft_and_one_given_up_on_grows_its_estimate():
+    """A block asked during a plain step and answered 0.3 s after its ask teaches the draft's pace that a block of
+    k + 1 takes that long: where the policy steps while drafting, no other round would time the draft, and every wait
+    would stay at the floor. A prefetch given up on (no answer within its wait) teaches that it takes longer."""
+    async def main():
+        async with draft_server(inject_delay_ms=300, enable_fault_injection=True) as (address, servicer):
+            link = DraftLink(address, ServerConfig(), target(), timeout_s=5.0, pipeline=False)
+            speculation = RequestSpeculation(SpeculationPolicy(4, 8, cost=RoundCost()),
+                                             link.session("r", SamplingParams()))
+            session = speculation.draft
+            try:
+                await session.propose(PROMPT, 4)  # opens the stream (the opening's own time)
+                session.accepted(4)
+                tokens = PROMPT + [truth(20 + i) for i in range(5)]
+                assert await session.prefetch(tokens, 3) == ""
+                block, first_ok = await session.at_hand(tokens + [truth(25)], 3)
+                assert first_ok is True and block.token_ids
+                speculation.record(Round(len(block.token_ids), len(block.token_ids), 0.4))
+                assert link.pace.predicted(4) == pytest.approx(0.3, abs=0.15)  # asked 3 + 1
+                tokens += [truth(25)] + block.token_ids + [truth(29)]
+                assert await session.prefetch(tokens, 3) == ""
+                assert await session.at_hand(tokens + [truth(30)], 3, wait_s=0.05) == (None, None)
+                speculation.record(Round(0, 0, 0.1, fallback="failed"))
+                assert link.pace.predicted(4) >= 2 * 0.05
+            finally:
+                speculation.close(None)
+                await link.close()
+
+    asyncio.run(asyncio.wait_for(main(), 30))
