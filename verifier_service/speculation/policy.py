@@ -182,6 +182,41 @@ class RoundCost:
         self.by_length: dict[bool, dict[int, Acceptance]] = {True: {}, False: {}}  # matched tokens, by drafted match
         self.plain_since_drafted = 0  # plain rounds server-wide since the last drafted one
         self.wait = Ewma()  # what a round that asked the draft waited for its answer (round trip + drafting)
+        self.forward: dict[int, Ewma] = {}  # the target's forward pass alone, by verified draft tokens
+
+    def observe_forward(self, num_draft_tokens: int, forward_s: float) -> None:
+        if forward_s > 0:
+            self.forward.setdefault(num_draft_tokens, Ewma()).add(forward_s)
+
+    def forward_times(self, max_k: int) -> list[float] | None:
+        """The target's forward pass over a round of k draft tokens, k = 0..max_k, with no draft wait in it: what a
+        block whose answer is already here costs to verify. Each size's own average where timed, linear between
+        them, along the line fitted to them beyond (PRIOR_SLOPE with one size); never falling as k grows. None
+        before any forward was timed."""
+        points = sorted((n, e.value) for n, e in self.forward.items() if e.value is not None)
+        if not points:
+            return None
+        if len(points) == 1:
+            slope = points[0][1] * PRIOR_SLOPE / (1 + PRIOR_SLOPE * points[0][0])
+        else:
+            mean_n = sum(n for n, _ in points) / len(points)
+            mean_t = sum(t for _, t in points) / len(points)
+            var = sum((n - mean_n) ** 2 for n, _ in points)
+            slope = max(0.0, sum((n - mean_n) * (t - mean_t) for n, t in points) / var)
+        measured = dict(points)
+        times: list[float] = []
+        for k in range(max_k + 1):
+            below = max((n for n in measured if n <= k), default=None)
+            above = min((n for n in measured if n >= k), default=None)
+            if below is not None and above is not None:
+                t = measured[below] if below == above else \
+                    measured[below] + (measured[above] - measured[below]) * (k - below) / (above - below)
+            elif below is not None:
+                t = measured[below] + slope * (k - below)
+            else:
+                t = max(measured[above] - slope * (above - k), 1e-9)
+            times.append(max(t, times[-1]) if times else t)
+        return times
 
     def observe(self, num_draft_tokens: int, num_accepted: int, round_s: float, greedy: bool = True,
                 num_chained: int = 0, drafted_matched: int = 0, num_forced: int = 0) -> None:
@@ -497,13 +532,17 @@ class SpeculationPolicy:
         self.cut_from = matched
         if times is None or not num_tokens:
             return matched if num_chained else num_tokens
+        sunk = self.cost.wait.value or 0.0  # the draft's answer is here: its wait is no longer a cost of verifying
+        if sized and not self.draft_sizes_blocks:
+            # a draft that sizes only some blocks (hybrid): the round times hold the other side's waits (a model's), not
+            # this block's, which came at once; what verifying it costs is the forward alone
+            times, sunk = self.cost.forward_times(len(times) - 1) or times, 0.0
         alpha = min(self.alpha() if self.cut_alpha is None else self.cut_alpha, 0.999)
         alike = self.cost.by_length[self.greedy].get(min(matched, LENGTH_BUCKETS))  # blocks matched as far
         if alike is not None:
             alpha = min(alike.upper(prior=alpha), 0.999)
         alpha_chained = min(self.cost.chained[self.greedy].value(), 0.999)
         alpha_forced = min(self.cost.forced[self.greedy].value(), 0.999)
-        sunk = self.cost.wait.value or 0.0  # the draft's answer is here: its wait is no longer a cost of verifying
         longest = min(num_tokens, len(times) - 1)
         tokens, reach = 1.0, 1.0  # expected tokens of a round verifying n; the chance all n were accepted
         best, best_rate = 0, 1.0 / times[0]

@@ -235,6 +235,8 @@ class RequestSpeculation:
                                 num_chained=chained, num_forced=forced)
         if round_.forward_s is not None:
             metrics.VERIFY_FORWARD_TIME.observe(round_.forward_s)
+            if not round_.shared:
+                self.policy.cost.observe_forward(round_.num_draft_tokens, round_.forward_s)
         if round_.draft_wait_s is not None:
             metrics.DRAFT_WAIT_TIME.observe(round_.draft_wait_s)
         event: dict[str, typing.Any] = {"k": round_.num_draft_tokens, "accepted": round_.num_accepted,

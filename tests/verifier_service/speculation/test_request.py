@@ -188,3 +188,30 @@ def test_a_block_the_draft_sized_is_cut_to_what_pays_and_does_not_time_the_draft
     policy.cut_times = None  # a fixed k or a retry: no cut on measured times
     block, _ = speculation._verified(sized, "", 2)
     assert len(block.token_ids) == 2
+
+
+def test_a_hybrids_suffix_block_is_priced_on_the_forward_not_on_the_model_sides_waits():
+    """Rounds of the hybrid draft at k = 1 came at once (suffix side, 0.2 s) and at k = 8 after the model side's 1 s
+    wait (1.3 s): priced on those round times, verifying a suffix block past its first token looks dear, and a block
+    matched 10 tokens deep was verified one token a round. Its answer is here and cost nothing: the forward alone
+    (0.2 s + 0.01 s a token) prices it, and all of it is verified."""
+    from specdec.decoding.draft_block import DraftBlock
+
+    cost = RoundCost()
+    for _ in range(4):
+        cost.observe(0, 0, 0.2)
+        cost.observe(1, 1, 0.2)
+        cost.observe(8, 8, 1.3)
+        cost.observe_wait(1.0)
+        for n in (0, 1, 8):
+            cost.observe_forward(n, 0.2 + 0.01 * n)
+    assert cost.forward_times(10)[10] == pytest.approx(0.3)
+    policy = SpeculationPolicy(4, 16, cost=cost)
+    for _ in range(10):
+        policy.acceptance.add(8, 8)
+    for _ in range(10):
+        cost.acceptance[True].add(8, 8)
+    speculation = RequestSpeculation(policy, None)
+    assert policy.block_size(100, 100) >= 1 and policy.cut_times is not None
+    block, _ = speculation._verified(DraftBlock(list(range(10)), sized_by_draft=True), "", 1)
+    assert len(block.token_ids) == 10
