@@ -118,6 +118,34 @@ def with_draft_pace(cost: RoundCost, times: list[float] | None, pace: typing.Any
     return adjusted
 
 
+def fitted_line(points: list[tuple[int, float]]) -> tuple[float, float]:
+    """(a, b) with t = a + b k fitted by least squares to (k, t) points (at least one): through a single point, with
+    the prior slope (PRIOR_SLOPE of the intercept); the slope never negative."""
+    if len(points) == 1:
+        k, t = points[0]
+        a = t / (1 + PRIOR_SLOPE * k)
+        return a, a * PRIOR_SLOPE
+    n = len(points)
+    mean_k = sum(k for k, _ in points) / n
+    mean_t = sum(t for _, t in points) / n
+    var = sum((k - mean_k) ** 2 for k, _ in points)
+    b = max(0.0, sum((k - mean_k) * (t - mean_t) for k, t in points) / var)
+    return max(mean_t - b * mean_k, 1e-9), b
+
+
+def along(measured: dict[int, float], k: int, slope: float) -> float:
+    """The time at block size k from the times measured at some sizes (at least one): linear between the two nearest,
+    along `slope` before the smallest and past the largest."""
+    below = max((n for n in measured if n <= k), default=None)
+    above = min((n for n in measured if n >= k), default=None)
+    if below is not None and above is not None:
+        return measured[below] if below == above else \
+            measured[below] + (measured[above] - measured[below]) * (k - below) / (above - below)
+    if below is not None:
+        return measured[below] + slope * (k - below)
+    return measured[above] - slope * (above - k)
+
+
 def judged(num_draft_tokens: int, num_accepted: int) -> int:
     """Draft tokens the target judged: the accepted ones and the first rejected one, if any.
 
@@ -196,25 +224,11 @@ class RoundCost:
         points = sorted((n, e.value) for n, e in self.forward.items() if e.value is not None)
         if not points:
             return None
-        if len(points) == 1:
-            slope = points[0][1] * PRIOR_SLOPE / (1 + PRIOR_SLOPE * points[0][0])
-        else:
-            mean_n = sum(n for n, _ in points) / len(points)
-            mean_t = sum(t for _, t in points) / len(points)
-            var = sum((n - mean_n) ** 2 for n, _ in points)
-            slope = max(0.0, sum((n - mean_n) * (t - mean_t) for n, t in points) / var)
+        _, slope = fitted_line(points)
         measured = dict(points)
         times: list[float] = []
         for k in range(max_k + 1):
-            below = max((n for n in measured if n <= k), default=None)
-            above = min((n for n in measured if n >= k), default=None)
-            if below is not None and above is not None:
-                t = measured[below] if below == above else \
-                    measured[below] + (measured[above] - measured[below]) * (k - below) / (above - below)
-            elif below is not None:
-                t = measured[below] + slope * (k - below)
-            else:
-                t = max(measured[above] - slope * (above - k), 1e-9)
+            t = max(along(measured, k, slope), 1e-9)
             times.append(max(t, times[-1]) if times else t)
         return times
 
@@ -244,18 +258,7 @@ class RoundCost:
         """(a, b) with T(k) = a + b k fitted to the measured block sizes (only k >= 1 when drafted_only),
         or None before any round was timed."""
         points = [(k, e.value) for k, e in self.seconds.items() if e.value is not None and (k or not drafted_only)]
-        if not points:
-            return None
-        if len(points) == 1:
-            k, t = points[0]
-            a = t / (1 + PRIOR_SLOPE * k)
-            return a, a * PRIOR_SLOPE
-        n = len(points)
-        mean_k = sum(k for k, _ in points) / n
-        mean_t = sum(t for _, t in points) / n
-        var = sum((k - mean_k) ** 2 for k, _ in points)
-        b = max(0.0, sum((k - mean_k) * (t - mean_t) for k, t in points) / var)
-        return max(mean_t - b * mean_k, 1e-9), b
+        return fitted_line(points) if points else None
 
     def times(self, max_k: int) -> list[float] | None:
         """The predicted wall time of a round that verifies k draft tokens, for k = 0..max_k; None before any
@@ -281,17 +284,7 @@ class RoundCost:
                     if n and e.value is not None and e.samples >= MEASURED_AFTER} if drafted_sizes >= 2 else {}
         times = [t0]
         for k in range(1, max_k + 1):
-            below = max((n for n in measured if n <= k), default=None)
-            above = min((n for n in measured if n >= k), default=None)
-            if below is not None and above is not None:
-                t = measured[below] if below == above else \
-                    measured[below] + (measured[above] - measured[below]) * (k - below) / (above - below)
-            elif below is not None:
-                t = measured[below] + b * (k - below)
-            elif above is not None:
-                t = measured[above] - b * (above - k)
-            else:
-                t = fitted[k]
+            t = along(measured, k, b) if measured else fitted[k]
             times.append(t if k in measured or k == 1 else max(t, times[-1]))
         return times
 
