@@ -1,7 +1,7 @@
 """Speculation on a sharded target: the vLLM verifier at tensor (or pipeline) parallel 2 with a draft service,
 against plain vLLM at tensor parallel 1 (issue 35's first must-show).
 
-    python tools/tp_check.py [--model .cache/models/smollm2-135m-instruct] [--method suffix] [--tp 2] [--pp 1]
+    python -m tools.tp_check [--model .cache/models/smollm2-135m-instruct] [--method suffix] [--tp 2] [--pp 1]
                              [--prompts 20] [--max-tokens 32] [--k N] [--out bench/results/scale/tp2.json]
 
 1. Plain vLLM greedy at tensor parallel 1, no speculation (tools/vllm_generate.py, a process of its own): the
@@ -65,15 +65,24 @@ COUNTERS = {"spec_decode_num_draft_tokens_total": "num_draft_tokens",
             "spec_decode_num_drafts_total": "num_drafts"}
 
 
-def reference(args, token_ids: list[list[int]], eos: int, work: pathlib.Path) -> list[list[int]]:
+def reference(args, token_ids: list[list[int]], eos: list[int], work: pathlib.Path) -> list[list[int]]:
     """Plain vLLM's greedy output at tensor parallel 1, no speculation."""
     (work / "prompts.json").write_text(json.dumps(token_ids))
     subprocess.run([args.vllm_python, str(REPO_ROOT / "tools" / "vllm_generate.py"), "--model", args.model,
                     "--prompts", str(work / "prompts.json"), "--out", str(work / "reference.json"),
-                    "--max-tokens", str(args.max_tokens), "--eos", str(eos), "--dtype", "float32"],
+                    "--max-tokens", str(args.max_tokens), "--eos", *map(str, eos), "--dtype", "float32"],
                    cwd=REPO_ROOT, check=True, stdout=subprocess.DEVNULL,
                    env={**os.environ, "VLLM_CACHE_ROOT": str(work / "cache")})
     return json.loads((work / "reference.json").read_text())
+
+
+def stop_ids(tokenizer, model: str) -> list[int]:
+    """The ids the verifier stops on: the tokenizer's EOS and the generation config's (models.eos_token_ids)."""
+    ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
+    config = pathlib.Path(model) / "generation_config.json"
+    configured = json.loads(config.read_text()).get("eos_token_id") if config.exists() else None
+    ids.update([configured] if isinstance(configured, int) else configured or [])
+    return sorted(ids)
 
 
 def cpu_binding() -> str:
@@ -113,7 +122,7 @@ def main(argv=None) -> int:
     tokenizer = load_tokenizer(args.model)
     prompts = PROMPTS[:args.prompts]
     token_ids = [tokenizer.encode(chatml(p), add_special_tokens=False) for p in prompts]  # as the gateway encodes
-    eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    eos = stop_ids(tokenizer, args.model)
     with tempfile.TemporaryDirectory() as tmp:
         work = pathlib.Path(tmp)
         started = time.monotonic()
@@ -159,7 +168,7 @@ def main(argv=None) -> int:
         "prometheus": {name: counters[name] for name in COUNTERS}, "request_statistics": summed,
         "prometheus_agrees": agree,
         "fallback_rounds_by_reason": {reason: n for reason, n in sorted(fallbacks.items()) if n}, "tokens": sum(r["tokens"] for r in rows), "seconds": round(seconds, 1),
-        "tensor_parallel_in_log": f"tensor_parallel_size={args.tp}" in verifier_log,
+        "parallel_sizes_in_log": f"tensor_parallel_size={args.tp}, pipeline_parallel_size={args.pp}" in verifier_log,
     }
     print(json.dumps(summary), flush=True)
     ok = identical == len(rows) and accepted > 0 and agree
@@ -169,7 +178,7 @@ def main(argv=None) -> int:
         out.write_text(json.dumps({
             "what": "greedy output of the vLLM verifier at tensor/pipeline parallel with a draft, against plain vLLM "
                     "at tensor parallel 1 (tools/tp_check.py)",
-            "command": "python tools/tp_check.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+            "command": "python -m tools.tp_check " + " ".join(argv if argv is not None else sys.argv[1:]),
             "model": pathlib.Path(args.model).name, "dtype": "float32", "method": args.method,
             "tensor_parallel": args.tp, "pipeline_parallel": args.pp, "k": args.k or "adaptive",
             "max_tokens": args.max_tokens, "cpu_binding": env["VLLM_CPU_OMP_THREADS_BIND"],

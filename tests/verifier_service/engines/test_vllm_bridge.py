@@ -105,3 +105,14 @@ def test_decode_only_steps_teach_the_step_cost_and_shared_steps_stay_out_of_roun
     bridge.remove("b")
     bridge.propose(StepRows(["a"], [[7]], [0], step_tokens=1), context, max_k=0)
     assert 0 in a.speculation.policy.cost.seconds  # alone in its step: its own round time
+
+
+def test_a_row_that_finished_in_the_step_is_recorded_and_not_drafted_for(link_and_bridge):
+    link, bridge = link_and_bridge
+    ours = sequence(link, [1, 2, 3])
+    bridge.add("a", ours)
+    blocks = bridge.propose(StepRows(["a"], [[7, 8, 9]], [2], step_tokens=3), lambda request_id: None, max_k=4)
+    assert blocks == [[]]
+    stats = ours.speculation.stats
+    assert (stats.num_rounds, stats.num_draft_tokens, stats.num_accepted_tokens) == (1, 2, 2)
+    assert ours.speculation.draft.stream is None  # nothing was asked of the draft
