@@ -115,6 +115,9 @@ def main(argv=None) -> int:
     parser.add_argument("--k", type=int, default=None, help="a fixed block size (default: the server's adaptive k)")
     parser.add_argument("--vllm-python", default=".venv-vllm/bin/python")
     parser.add_argument("--out", default="", help="JSON file to write")
+    parser.add_argument("--reference", default="",
+                        help="JSON file of plain vLLM's outputs: read if it holds this run's prompts and settings, "
+                             "else written (saves the TP=1 run between checks)")
     parser.add_argument("--log-dir", default="", help="keep the services' logs here (default: a temporary folder)")
     args = parser.parse_args(argv)
     from specdec.modeling.models import load_tokenizer
@@ -126,9 +129,19 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         work = pathlib.Path(tmp)
         started = time.monotonic()
-        expected = reference(args, token_ids, eos, work)
-        print(f"plain vLLM at tensor parallel 1: {sum(map(len, expected))} tokens for {len(prompts)} prompts in "
-              f"{time.monotonic() - started:.0f} s (start-up included)", flush=True)
+        key = {"model": str(pathlib.Path(args.model).resolve()), "prompts": token_ids, "max_tokens": args.max_tokens,
+               "eos": eos}
+        saved = json.loads(pathlib.Path(args.reference).read_text()) if args.reference and pathlib.Path(
+            args.reference).exists() else {}
+        if saved.get("key") == key:
+            expected = saved["outputs"]
+            print(f"plain vLLM at tensor parallel 1: read from {args.reference}", flush=True)
+        else:
+            expected = reference(args, token_ids, eos, work)
+            print(f"plain vLLM at tensor parallel 1: {sum(map(len, expected))} tokens for {len(prompts)} prompts in "
+                  f"{time.monotonic() - started:.0f} s (start-up included)", flush=True)
+            if args.reference:
+                pathlib.Path(args.reference).write_text(json.dumps({"key": key, "outputs": expected}))
         env = {"VLLM_CACHE_ROOT": str(work / "cache"), "VLLM_CPU_KVCACHE_SPACE": "1",
                "VLLM_CPU_OMP_THREADS_BIND": cpu_binding(), "OMP_WAIT_POLICY": "PASSIVE"}
         verifier_args = ["--engine", "vllm", "--dtype", "float32", "--vllm-tensor-parallel-size", str(args.tp),

@@ -59,9 +59,16 @@ def check_version(version: str) -> None:
                           "scheduler and proposer interfaces may differ: install a tested release (docs/vllm.md)")
 
 
-def parallel_args(cfg: VerifierConfig) -> dict:
-    """vLLM's multi-GPU settings, passed through. With a draft too: the drafts reach every rank through the
-    scheduler, which stays in this process (vllm_scheduler.py; docs/vllm.md)."""
+def parallel_args(cfg: VerifierConfig, speculate: bool = False) -> dict:
+    """vLLM's multi-GPU settings, passed through. With a draft too, at any tensor parallel size: the drafts reach
+    every rank through the scheduler, which stays in this process (vllm_scheduler.py; docs/vllm.md). Not with
+    pipeline parallel: vLLM 0.32's model runner builds a drafter on the last stage only, and the other stages
+    fail to start with any speculative method (`initialize_kv_cache_tensors` reads `self.drafter`)."""
+    if speculate and cfg.vllm_pipeline_parallel_size > 1:
+        raise ConfigError(
+            f"--draft cannot be used with --vllm-pipeline-parallel-size {cfg.vllm_pipeline_parallel_size}: vLLM "
+            f"{'/'.join(TESTED_VLLM)} cannot start speculative decoding across pipeline stages (the stages before "
+            "the last have no drafter and fail at start-up); use tensor parallel, or drop --draft (docs/vllm.md)")
     return dict(tensor_parallel_size=cfg.vllm_tensor_parallel_size,
                 pipeline_parallel_size=cfg.vllm_pipeline_parallel_size,
                 gpu_memory_utilization=cfg.vllm_gpu_memory_utilization,
@@ -109,7 +116,7 @@ class VllmEngine:
             model=cfg.model, dtype=cfg.dtype, seed=0, enforce_eager=not cfg.vllm_compile,
             max_num_seqs=cfg.max_sequences, max_model_len=cfg.vllm_max_model_len or None,
             skip_tokenizer_init=True, speculative_config=speculative, async_scheduling=False,
-            disable_log_stats=True, scheduler_cls=scheduler, **parallel_args(cfg),
+            disable_log_stats=True, scheduler_cls=scheduler, **parallel_args(cfg, speculate),
         )
         started = time.monotonic()
         try:

@@ -41,6 +41,25 @@ def test_defaults_leave_vllm_its_own_choices():
         "distributed_executor_backend": None}
 
 
+@pytest.mark.parametrize("change", [
+    {"vllm_tensor_parallel_size": 2},
+    {"vllm_tensor_parallel_size": 8, "vllm_distributed_executor_backend": "ray"},
+    {"vllm_distributed_executor_backend": "mp"},
+], ids=["tp2", "tp8-ray", "mp-on-one-gpu"])
+def test_a_draft_goes_with_any_tensor_parallel_size_and_executor(change):
+    cfg = dataclasses.replace(ONE_GPU, **change)
+    assert parallel_args(cfg, speculate=True) == parallel_args(cfg, speculate=False)
+
+
+def test_a_draft_across_pipeline_stages_is_refused_in_one_line():
+    """vLLM 0.32 builds a drafter on the last pipeline stage only; the others fail at start-up, whatever the method."""
+    cfg = dataclasses.replace(ONE_GPU, vllm_pipeline_parallel_size=2)
+    assert parallel_args(cfg)["pipeline_parallel_size"] == 2
+    with pytest.raises(ConfigError, match="--draft cannot be used with --vllm-pipeline-parallel-size 2") as refused:
+        parallel_args(cfg, speculate=True)
+    assert "\n" not in str(refused.value)
+
+
 @pytest.mark.parametrize("version", ["0.32.0", "0.32.0+cpu"])
 def test_the_tested_vllm_release_is_accepted(version):
     check_version(version)
