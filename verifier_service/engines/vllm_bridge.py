@@ -119,7 +119,7 @@ class StepDrafter:
             waited_s = time.perf_counter() - now
             self.step_cost.observe_wait(waited_s)
             for (row, sequence, _tokens, _k), (block, reason) in zip(jobs, results):
-                blocks[row] = block
+                blocks[row] = block[:max_k]  # vLLM reserves max_k draft slots a row; what it verified is recorded
                 sequence.fallback, sequence.draft_wait_s = reason, waited_s
         # A step that computed more than its rows and their blocks prefilled too: its time says nothing of decoding.
         self._step_tokens = verified if decoding and rows.step_tokens == verified else None
