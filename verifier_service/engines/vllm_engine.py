@@ -99,7 +99,7 @@ class VllmEngine:
 
         from verifier_service.engines import vllm_scheduler
 
-        # The engine runs in this process, so that the proposer reaches the bridge and our draft streams.
+        # The engine core runs in this process, so that the step thread reaches its scheduler (vllm_scheduler.py).
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cfg.vllm_kv_cache_gib))
         self._vllm = vllm

@@ -24,6 +24,7 @@ import typing
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.outputs import DraftTokenIds
 
+from specdec.runtime.grpc_server import ConfigError
 from verifier_service.engines.vllm_bridge import StepRows
 
 SCHEDULER = "verifier_service.engines.vllm_scheduler.DraftScheduler"
@@ -71,7 +72,7 @@ def engine_scheduler(engine) -> DraftScheduler:
     core = getattr(getattr(engine, "engine_core", None), "engine_core", None)  # LLMEngine -> InprocClient -> core
     scheduler = getattr(core, "scheduler", None)
     if not isinstance(scheduler, DraftScheduler):
-        raise RuntimeError(
+        raise ConfigError(
             "the vLLM engine core is not in this process (VLLM_ENABLE_V1_MULTIPROCESSING must be 0) or does not run "
             f"{SCHEDULER}: found {type(scheduler).__name__}")
     return scheduler
