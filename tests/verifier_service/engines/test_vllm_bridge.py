@@ -2,7 +2,6 @@
 
 import asyncio
 
-import numpy as np
 import pytest
 from opentelemetry import context as otel_context
 
@@ -13,7 +12,7 @@ from verifier_service.engines.decode_loop import DecodeSpec
 from verifier_service.draft.client import DraftLink
 from verifier_service.speculation.request import RequestSpeculation
 from verifier_service.speculation.policy import SpeculationPolicy
-from verifier_service.engines.vllm_bridge import StepDrafter, StepSequence
+from verifier_service.engines.vllm_bridge import StepDrafter, StepRows, StepSequence
 
 
 @pytest.fixture
@@ -39,10 +38,10 @@ def test_rows_record_accepted_tokens_and_skip_prefill_and_foreign_rows(link_and_
     ours, prefilling = sequence(link, [1, 2, 3]), sequence(link, [4, 5])
     bridge.add("a", ours)
     bridge.add("b", prefilling)
-    ours.last_k = 3  # the previous step verified 3 drafts for row "a"
     ours.fallback = ""
-    tokens = np.zeros((4, 64), dtype=np.int32)
-    blocks = bridge.propose(["a", "b", "c"], [[7, 8], [], [9]], np.array([5, 2, 1, 0]), tokens, max_k=0)
+    # the step verified 3 drafts for row "a"; "b" prefilled; "c" is not ours
+    rows = StepRows(["a", "b", "c"], [[7, 8], [], [9]], [3, 0, 0], step_tokens=4 + 2 + 1)
+    blocks = bridge.propose(rows, lambda request_id: [0] * 5, max_k=0)
     assert blocks == [[], [], []]  # k = 0: nothing asked of the draft
     stats = ours.speculation.stats
     assert (stats.num_rounds, stats.num_draft_tokens, stats.num_accepted_tokens) == (1, 3, 1)
@@ -59,10 +58,10 @@ def test_a_fallback_step_counts_in_the_request_and_in_prometheus(link_and_bridge
     link, bridge = link_and_bridge
     ours = sequence(link, [1, 2, 3])
     bridge.add("a", ours)
-    ours.last_k, ours.fallback, ours.draft_wait_s = 0, "timeout", 0.25
+    ours.fallback, ours.draft_wait_s = "timeout", 0.25
     before = metrics.FALLBACK_ROUNDS.labels(reason="timeout")._value.get()
     waits = metrics.DRAFT_WAIT_TIME._sum.get()
-    bridge.propose(["a"], [[7]], np.array([4]), np.zeros((1, 64), dtype=np.int32), max_k=0)
+    bridge.propose(StepRows(["a"], [[7]], [0], 1), lambda request_id: [0] * 4, max_k=0)
     assert ours.speculation.stats.num_fallback_rounds == 1
     assert metrics.FALLBACK_ROUNDS.labels(reason="timeout")._value.get() == before + 1
     assert metrics.DRAFT_WAIT_TIME._sum.get() >= waits + 0.25
@@ -94,15 +93,26 @@ def test_decode_only_steps_teach_the_step_cost_and_shared_steps_stay_out_of_roun
     a, b = sequence(link, [1, 2, 3]), sequence(link, [4, 5])
     bridge.add("a", a)
     bridge.add("b", b)
-    a.last_k = 2  # the step verified row a's 2 draft tokens: 1 + 2 + 1 tokens computed
-    tokens = np.zeros((2, 64), dtype=np.int32)
-    bridge.propose(["a", "b"], [[7, 8], [9]], np.array([5, 3]), tokens, max_k=0, step_tokens=4)
+    context = {"a": [0] * 5, "b": [0] * 3}.get
+    # the step verified row a's 2 draft tokens: 1 + 2 + 1 tokens computed
+    bridge.propose(StepRows(["a", "b"], [[7, 8], [9]], [2, 0], step_tokens=4), context, max_k=0)
     bridge.step_done(0.2)
     assert bridge.step_cost.sums[:3] == [1.0, 4, 0.2]  # one step: 4 tokens in 200 ms
-    bridge.propose(["a", "b"], [[7], [9]], np.array([6, 4]), tokens, max_k=0, step_tokens=40)  # a prefill rode along
+    bridge.propose(StepRows(["a", "b"], [[7], [9]], [0, 0], step_tokens=40), context, max_k=0)  # a prefill rode along
     bridge.step_done(0.9)
     assert bridge.step_cost.sums[:3] == [1.0, 4, 0.2]  # not observed
     assert a.speculation.policy.cost.seconds == {}  # both steps were the batch's, not row a's round time
     bridge.remove("b")
-    bridge.propose(["a"], [[7]], np.array([7]), tokens, max_k=0, step_tokens=1)
+    bridge.propose(StepRows(["a"], [[7]], [0], step_tokens=1), context, max_k=0)
     assert 0 in a.speculation.policy.cost.seconds  # alone in its step: its own round time
+
+
+def test_a_row_that_finished_in_the_step_is_recorded_and_not_drafted_for(link_and_bridge):
+    link, bridge = link_and_bridge
+    ours = sequence(link, [1, 2, 3])
+    bridge.add("a", ours)
+    blocks = bridge.propose(StepRows(["a"], [[7, 8, 9]], [2], step_tokens=3), lambda request_id: None, max_k=4)
+    assert blocks == [[]]
+    stats = ours.speculation.stats
+    assert (stats.num_rounds, stats.num_draft_tokens, stats.num_accepted_tokens) == (1, 2, 2)
+    assert ours.speculation.draft.stream is None  # nothing was asked of the draft
