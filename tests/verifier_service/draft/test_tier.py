@@ -1,0 +1,82 @@
+"""verifier_service.draft.tier: which replica a sequence drafts on, and tenants moved when one leaves."""
+
+from __future__ import annotations
+
+import collections
+import types
+
+import pytest
+
+from specdec.runtime.grpc_server import ConfigError
+from verifier_service.draft import rendezvous
+from verifier_service.draft.tier import DraftTier, parse_drafts
+
+ADDRESSES = ["10.0.0.1:50051", "10.0.0.2:50051"]
+TENANTS = [f"tenant-{i}" for i in range(40)]
+
+
+def tier_of(routing: str = "affine") -> DraftTier:
+    tier = DraftTier(parse_drafts(",".join(ADDRESSES)), open_link=None, routing=routing)
+    for address in ADDRESSES:  # stand-ins: routing reads only the address and the watch's verdict
+        tier.add(types.SimpleNamespace(address=address, problem=None, sizes_blocks=False))
+    return tier
+
+
+def test_affine_routing_keeps_each_tenant_on_its_rendezvous_replica():
+    tier = tier_of()
+    for _ in range(3):
+        assert all(tier.pick(t, f"r{i}").address == rendezvous.owner(t, ADDRESSES) for i, t in enumerate(TENANTS))
+    assert set(collections.Counter(tier.pick(t, "r").address for t in TENANTS)) == set(ADDRESSES)
+    assert tier.moves == 0
+
+
+def test_a_replica_that_leaves_moves_only_its_tenants_and_they_are_counted():
+    tier = tier_of()
+    before = {t: tier.pick(t, "r").address for t in TENANTS}
+    gone, left = ADDRESSES
+    tier.members[gone].problem = "the draft replica at ... dropped a request (UNAVAILABLE); checking it"
+    after = {t: tier.pick(t, "r").address for t in TENANTS}
+    assert set(after.values()) == {left}
+    moved = [t for t in TENANTS if before[t] == gone]
+    assert moved and tier.moves == len(moved)
+    tier.pick(moved[0], "r")  # asked again: still there, not moved twice
+    assert tier.moves == len(moved)
+    tier.members[gone].problem = None  # back: its tenants return, and that is a move too
+    assert {t: tier.pick(t, "r").address for t in TENANTS} == before
+    assert tier.moves == 2 * len(moved)
+
+
+def test_with_no_replica_live_the_hash_picks_over_all_without_counting_moves():
+    tier = tier_of()
+    for link in tier.members.values():
+        link.problem = "down"
+    assert tier.pick("tenant-0", "r").address == rendezvous.owner("tenant-0", ADDRESSES)
+    assert tier.moves == 0
+    assert DraftTier(parse_drafts("a:1"), None).pick("t", "r") is None  # nothing known yet
+
+
+def test_requests_without_a_tenant_spread_by_request_id():
+    tier = tier_of()
+    picked = collections.Counter(tier.pick("", f"request-{i}").address for i in range(200))
+    assert set(picked) == set(ADDRESSES) and min(picked.values()) > 60
+    assert not tier.placed
+
+
+def test_random_routing_spreads_a_tenant_and_keeps_a_sessions_replica_while_live():
+    tier = tier_of("random")
+    assert {tier.pick("tenant-0", "r").address for _ in range(100)} == set(ADDRESSES)
+    session = types.SimpleNamespace(link=tier.members[ADDRESSES[0]], tenant="tenant-0", request_id="r")
+    assert all(tier.route(session) is session.link for _ in range(20))
+    session.link.problem = "down"
+    assert all(tier.route(session).address == ADDRESSES[1] for _ in range(20))
+
+
+@pytest.mark.parametrize("text", ["", "dns:///draft", "a:1,dns:///b:1"])
+def test_draft_targets_that_cannot_work_name_the_flag(text):
+    with pytest.raises(ConfigError, match="--draft"):
+        parse_drafts(text)
+
+
+def test_unknown_routing_is_refused():
+    with pytest.raises(ValueError, match="affine"):
+        DraftTier(parse_drafts("a:1"), None, routing="nearest")
