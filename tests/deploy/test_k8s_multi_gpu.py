@@ -142,7 +142,7 @@ def test_start_up_check_rejects_the_overlay_with_a_draft(tmp_path, monkeypatch):
     patch = tmp_path / "k8s" / "overlays" / "multi-gpu" / "patch-verifier.yaml"
     patch.write_text(patch.read_text().replace("            - name: SPECDEC_DRAFT\n              $patch: delete\n", ""))
     cfg = verifier_config(render(tmp_path / "k8s" / "overlays" / "multi-gpu"), monkeypatch)
-    assert cfg.draft == "draft:50053"
+    assert cfg.draft == "dns:///draft:50053"
     with pytest.raises(ConfigError, match="--vllm-tensor-parallel-size 4"):
         parallel_args(cfg, speculate=bool(cfg.draft))
 
