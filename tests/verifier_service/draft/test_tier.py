@@ -1,13 +1,20 @@
-"""verifier_service.draft.tier: which replica a sequence drafts on, and tenants moved when one leaves."""
+"""verifier_service.draft.tier: which replica a sequence drafts on, and tenants moved when one leaves; a link
+that fails as if its replica went away takes it out of the live set (its watch checks it at once)."""
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import types
 
+import grpc
 import pytest
 
+from specdec.runtime import config as specdec_config
 from specdec.runtime.grpc_server import ConfigError
+from specdec.v1 import common_pb2
+from tests.verifier_service.draft.test_client_backoff import FakeError
+from verifier_service.draft.client import DraftLink, DraftUnavailable
 from verifier_service.draft import rendezvous
 from verifier_service.draft.tier import DraftTier, parse_drafts
 
@@ -80,3 +87,27 @@ def test_draft_targets_that_cannot_work_name_the_flag(text):
 def test_unknown_routing_is_refused():
     with pytest.raises(ValueError, match="affine"):
         DraftTier(parse_drafts("a:1"), None, routing="nearest")
+
+
+def test_a_link_suspects_its_replica_only_when_it_looks_gone():
+    async def scenario():
+        link = DraftLink("127.0.0.1:1", specdec_config.ServerConfig(), common_pb2.ModelInfo(vocab_size=10), 0.1)
+        suspected = []
+
+        async def suspect(reason):
+            suspected.append(reason)
+        link.suspect = suspect
+        for exc in (FakeError(grpc.StatusCode.INVALID_ARGUMENT), TimeoutError(), FakeError(grpc.StatusCode.INTERNAL)):
+            link.failed(exc)  # refused one request, slow, or an error that is not the replica going away
+        await asyncio.sleep(0)
+        assert suspected == []
+        link.failed(FakeError(grpc.StatusCode.UNAVAILABLE))
+        link.failed(DraftUnavailable("cannot connect"))
+        await asyncio.sleep(0)
+        assert suspected == ["UNAVAILABLE: UNAVAILABLE", "cannot connect"]
+        link.opened(1)
+        link.opened(1)
+        link.opened(-1)
+        assert link.outstanding == 1
+        await link.close()
+    asyncio.run(scenario())
