@@ -1,6 +1,6 @@
 """The draft tier: several draft replicas behind one verifier, each tenant on one of them.
 
---draft names the replicas as specdec.runtime.targets reads a fleet (`A,B` or `dns:///draft-headless:50051`).
+--draft names the replicas as specdec.runtime.targets reads a fleet (`A,B` or `dns:///draft:50053`).
 Each replica has its own DraftLink (channel, back-off, measured pace) and its own watch
 (specdec.runtime.peer_watch: grpc.health.v1, its tokenizer through GetDraftInfo, reconnects, and a failed call's
 suspicion), so the tier knows which replicas are live.
@@ -43,7 +43,7 @@ MAX_PLACED_TENANTS = 100_000  # tenants whose last replica is remembered (to cou
 
 def parse_drafts(text: str) -> Targets:
     """--draft -> Targets; ConfigError on one that cannot work."""
-    return parse_targets(text, "--draft", "draft-headless:50051")
+    return parse_targets(text, "--draft", "draft:50053")
 
 
 class DraftWatch(peer_watch.PeerWatch):
