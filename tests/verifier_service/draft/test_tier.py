@@ -12,7 +12,7 @@ import pytest
 
 from specdec.runtime import config as specdec_config
 from specdec.runtime.grpc_server import ConfigError
-from specdec.v1 import common_pb2
+from specdec.v1 import common_pb2, draft_pb2, draft_pb2_grpc
 from tests.verifier_service.draft.test_client_backoff import FakeError
 from verifier_service.draft.client import DraftLink, DraftUnavailable
 from verifier_service.draft import rendezvous
@@ -110,4 +110,40 @@ def test_a_link_suspects_its_replica_only_when_it_looks_gone():
         link.opened(-1)
         assert link.outstanding == 1
         await link.close()
+    asyncio.run(scenario())
+
+
+class InfoOnly(draft_pb2_grpc.DraftServiceServicer):
+    async def GetDraftInfo(self, request, context):  # noqa: N802 (gRPC method name)
+        return draft_pb2.GetDraftInfoResponse(info=TARGET, method="suffix", sizes_blocks=True)
+
+
+TARGET = common_pb2.ModelInfo(model="m", vocab_size=64, max_context=512, eos_token_ids=[2],
+                              tokenizer_fingerprint="abc", tokenizer_class="Fast", tokenizer_vocab_size=64)
+
+
+def test_a_dns_tier_finds_its_replicas_and_routes_around_one_that_goes_away():
+    async def scenario():
+        server = grpc.aio.server()
+        draft_pb2_grpc.add_DraftServiceServicer_to_server(InfoOnly(), server)
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        tier = DraftTier(parse_drafts(f"dns:///localhost:{port}"),
+                         lambda address: DraftLink(address, specdec_config.ServerConfig(), TARGET, 1.0), period_s=60)
+        answered = await tier.start(wait_s=1.0)
+        address = f"127.0.0.1:{port}"
+        assert [link.address for link in answered] == [address]  # ([::1], if localhost has it, does not answer)
+        assert [link.address for link in tier.live()] == [address] and tier.sizes_blocks
+        session = tier.session("r1", None, tenant="t")
+        assert session.link.address == address and session.router is tier
+        await server.stop(None)
+        tier.members[address].failed(FakeError(grpc.StatusCode.UNAVAILABLE))  # a stream to it broke
+        for _ in range(100):
+            if not tier.live():
+                break
+            await asyncio.sleep(0.01)
+        # out at once: the failed stream's suspicion, or the watch (its channel and health stream saw it first)
+        assert tier.live() == [] and any(why in tier.members[address].problem
+                                         for why in ("dropped a request", "not answering"))
+        await tier.close()
     asyncio.run(scenario())
