@@ -143,13 +143,15 @@ class Service:
 @contextlib.contextmanager
 def running_stack(target_dir, draft_dir=None, method: str = "ngram", verifier_args=(), draft_args=(), gateway_args=(),
                   env: dict | None = None, log_dir=None, timeout_s: float = 120.0, ports: dict | None = None,
-                  verifier_python: str | None = None, verifiers: int = 1):
+                  verifier_python: str | None = None, verifiers: int = 1, drafts: int = 1):
     """Start draft, verifier and gateway as real processes; yield them as a dict; stop them after.
 
     ports: optional {"draft": (grpc, metrics), "verifier": (...), "gateway": (...), "gateway_http": port};
     free ports otherwise.
     verifier_python: the interpreter for the verifier (the vLLM engine lives in .venv-vllm).
     verifiers: how many verifiers, all behind the one gateway ("verifier", then "verifier2", "verifier3", ...).
+    drafts: how many draft replicas ("draft", then "draft2", ...): every verifier's --draft lists them all (a draft
+    tier); the gateway checks its tokenizer against the first.
     """
     services = {}
     ports = ports or {}
@@ -157,12 +159,15 @@ def running_stack(target_dir, draft_dir=None, method: str = "ngram", verifier_ar
         from draft_service.config import MODEL_METHODS
 
         draft_model = str(draft_dir if method in MODEL_METHODS else target_dir)
-        services["draft"] = Service("draft_service", ["--model", draft_model, "--method", method, *draft_args],
-                                    env, log_dir, *ports.get("draft", (0, 0)))
+        draft_names = ["draft", *(f"draft{i}" for i in range(2, drafts + 1))]
+        for name in draft_names:
+            services[name] = Service("draft_service", ["--model", draft_model, "--method", method, *draft_args],
+                                     env, log_dir, *ports.get(name, (0, 0)))
+        draft_tier = ",".join(services[name].address for name in draft_names)
         names = ["verifier", *(f"verifier{i}" for i in range(2, verifiers + 1))]
         for name in names:
             services[name] = Service(
-                "verifier_service", ["--model", str(target_dir), "--draft", services["draft"].address, *verifier_args],
+                "verifier_service", ["--model", str(target_dir), "--draft", draft_tier, *verifier_args],
                 env, log_dir, *ports.get(name, (0, 0)), python=verifier_python)
         http = ["--http-port", str(ports["gateway_http"])] if "gateway_http" in ports else []
         # The gateway starts beside the verifier and waits for it: as long as this waits for all three (a vLLM

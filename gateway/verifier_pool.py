@@ -1,9 +1,8 @@
 """The verifiers behind one gateway: who they are (--verifier), and which one takes the next request.
 
---verifier names them one of two ways:
-- a comma-separated list of HOST:PORT (`a:50052,b:50052`): a fixed fleet;
-- `dns:///NAME:PORT` (a Kubernetes headless Service): every address NAME resolves to, resolved again every
-  --peer-check-s, so verifiers that come and go are picked up (gateway.verifier_watch.PoolWatch).
+--verifier names them as specdec.runtime.targets reads a fleet: a comma-separated list of HOST:PORT, or
+`dns:///NAME:PORT` (a Kubernetes headless Service) resolved again every --peer-check-s, so verifiers that come
+and go are picked up (gateway.verifier_watch.PoolWatch).
 Each verifier gets its own channel, so the gateway sees each one's health and in-flight calls apart.
 
 Picking: least outstanding requests over the usable verifiers, ties taken in turn. A request is one
@@ -19,68 +18,21 @@ verifier.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import ipaddress
 import itertools
-import socket
 import typing
 
 import grpc
 
-from specdec.runtime.grpc_server import ConfigError
+from specdec.runtime import targets
+from specdec.runtime.targets import Targets, resolve  # noqa: F401 (resolve: the pool's callers take it from here)
 from specdec.v1 import common_pb2, verifier_pb2_grpc
 
-DNS_SCHEME = "dns:"
+VerifierTargets = Targets
 
 
-@dataclasses.dataclass(frozen=True)
-class VerifierTargets:
-    """What --verifier names: fixed addresses, or a DNS name (dns_host, dns_port) resolved to them."""
-
-    addresses: tuple[str, ...] = ()
-    dns_host: str = ""
-    dns_port: int = 0
-
-    @property
-    def dns(self) -> bool:
-        return bool(self.dns_host)
-
-    def __str__(self) -> str:
-        return f"dns:///{self.dns_host}:{self.dns_port}" if self.dns else ",".join(self.addresses)
-
-
-def parse_targets(text: str) -> VerifierTargets:
-    """--verifier -> VerifierTargets; ConfigError (exit 2 with the message) on one that cannot work."""
-    text = text.strip()
-    if text.startswith(DNS_SCHEME):
-        name = text[len(DNS_SCHEME):]
-        if name.startswith("//"):  # dns://[authority]/host:port, the authority (a DNS server) is not used
-            name = name[2:].partition("/")[2]
-        host, _, port = name.rpartition(":")
-        if not host or not port.isdigit() or not 0 < int(port) < 65536 or "," in name:
-            raise ConfigError(f"--verifier {text!r}: a DNS target is dns:///NAME:PORT, e.g. "
-                              "dns:///verifier-headless:50052 (one name, with its port)")
-        return VerifierTargets(dns_host=host.strip("[]"), dns_port=int(port))
-    addresses = tuple(dict.fromkeys(part.strip() for part in text.split(",") if part.strip()))
-    if not addresses:
-        raise ConfigError("--verifier is empty: give HOST:PORT, a list A:PORT,B:PORT, or dns:///NAME:PORT")
-    for address in addresses:
-        if "://" in address or address.startswith(DNS_SCHEME):
-            raise ConfigError(f"--verifier {text!r}: {address!r} is not HOST:PORT; a DNS name is given alone, as "
-                              "dns:///NAME:PORT")
-    return VerifierTargets(addresses=addresses)
-
-
-def host_port(ip: str, port: int) -> str:
-    return f"[{ip}]:{port}" if ipaddress.ip_address(ip).version == 6 else f"{ip}:{port}"
-
-
-async def resolve(targets: VerifierTargets, loop) -> list[str]:
-    """The addresses the targets stand for now, sorted; a DNS name is looked up (socket.gaierror if it fails)."""
-    if not targets.dns:
-        return list(targets.addresses)
-    answers = await loop.getaddrinfo(targets.dns_host, targets.dns_port, type=socket.SOCK_STREAM)
-    return sorted({host_port(sockaddr[0], targets.dns_port) for *_, sockaddr in answers})
+def parse_targets(text: str) -> Targets:
+    """--verifier -> Targets; ConfigError (exit 2 with the message) on one that cannot work."""
+    return targets.parse_targets(text, "--verifier", "verifier-headless:50052")
 
 
 class Verifier:

@@ -15,7 +15,8 @@ from specdec.runtime.service_main import exit_process, run_main, serve_until_sig
 from specdec.v1 import verifier_pb2, verifier_pb2_grpc
 from verifier_service.config import VerifierConfig
 from verifier_service.engines.decode_loop import Engine
-from verifier_service.draft.client import DraftIncompatible, DraftLink, DraftUnavailable
+from verifier_service.draft.client import DraftIncompatible, DraftLink
+from verifier_service.draft.tier import DraftTier, parse_drafts
 from verifier_service.engines.transformers_engine import TransformersEngine
 from verifier_service.server import VerifierServicer
 
@@ -45,22 +46,30 @@ async def serve(server_cfg: specdec_config.ServerConfig, cfg: VerifierConfig) ->
     tokenizer = models.load_tokenizer(cfg.model)
     # from the config alone: the draft link needs it before the engine (which may be vLLM's) starts
     info = models.describe(cfg.model, tokenizer, models.load_config_only(cfg.model))
-    draft = DraftLink(cfg.draft, server_cfg, info, cfg.draft_timeout_ms / 1000, cfg.draft_ahead) if cfg.draft else None
+    draft = None
+    if cfg.draft:
+        draft = DraftTier(parse_drafts(cfg.draft),
+                          lambda address: DraftLink(address, server_cfg, info, cfg.draft_timeout_ms / 1000,
+                                                    cfg.draft_ahead),
+                          cfg.draft_routing, cfg.draft_check_s)
     # the weight files are read once more, for the model's identity, while the engine loads (either engine)
     fingerprint = asyncio.get_running_loop().run_in_executor(None, models.model_fingerprint, cfg.model)
     engine, info.num_parameters = build_engine(cfg, info)
     info.model_fingerprint = await fingerprint
     info.max_context = engine.max_context
-    if cfg.draft:
-        try:
-            await draft.check_compatible(wait_s=cfg.draft_wait_s)
-            log.info("draft at %s (%s) shares the target's tokenizer", cfg.draft, draft.method)
-            if 0 < draft.max_k < cfg.max_speculative_tokens:
-                log.warning("the draft serves blocks of at most %d tokens (its --max-speculative-tokens): k is capped "
-                            "there, below this verifier's --max-speculative-tokens %d", draft.max_k,
-                            cfg.max_speculative_tokens)
-        except DraftUnavailable as exc:
-            log.warning("draft not reachable yet (%s); decoding without it until it is", exc)
+    if draft is not None:
+        answered = await draft.start(wait_s=cfg.draft_wait_s)
+        for link in answered:
+            log.info("draft at %s (%s) shares the target's tokenizer", link.address, link.method)
+            if 0 < link.max_k < cfg.max_speculative_tokens:
+                log.warning("the draft at %s serves blocks of at most %d tokens (its --max-speculative-tokens): k is "
+                            "capped there, below this verifier's --max-speculative-tokens %d", link.address,
+                            link.max_k, cfg.max_speculative_tokens)
+        if not answered:
+            log.warning("no draft reachable yet (--draft %s); decoding without it until one is", cfg.draft)
+        if len(draft.members) > 1 or draft.targets.dns:
+            log.info("draft tier: %d replicas (--draft %s), %s routing", len(draft.members), draft.targets,
+                     cfg.draft_routing)
     servicer = VerifierServicer(engine, tokenizer, info, cfg, draft)
     running = await grpc_server.start_server(
         server_cfg,

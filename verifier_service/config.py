@@ -17,7 +17,15 @@ class VerifierConfig(ModelConfig, InternalServiceConfig):
         True, "on CPU in float32: reorder the target's linear weights once for oneDNN, so that verifying a block "
               "costs far less against one decode step and a row comes out bitwise the same alone or in a block; "
               "costs the linears' size in anonymous memory")
-    draft: str = option("", "draft service HOST:PORT; empty decodes without speculation")
+    draft: str = option(
+        "", "draft service HOST:PORT; or a draft tier: a list A:PORT,B:PORT, or dns:///NAME:PORT (a headless Service, "
+            "looked up again every --draft-check-s); empty decodes without speculation")
+    draft_routing: str = option(
+        "affine", "with several draft replicas, which one a sequence drafts on: affine, its tenant's by rendezvous "
+                  "hashing over the live replicas (a tenant's suffix memory stays on one); random, any live one",
+        choices=["affine", "random"])
+    draft_check_s: float = option(5.0, "check each draft replica (answering, SERVING, same tokenizer) this often, "
+                                       "besides at once when a stream to it fails or its health changes")
     num_speculative_tokens: int = option(4, "default block length k when a request leaves it unset")
     max_speculative_tokens: int = option(16, "largest k a request may ask for")
     spec_max_concurrency: int = option(

@@ -17,6 +17,7 @@ from specdec.v1 import common_pb2, verifier_pb2, verifier_pb2_grpc
 from verifier_service.config import VerifierConfig
 from verifier_service.engines.decode_loop import DecodeSpec, Engine, decode
 from verifier_service.draft.client import Constrained, DraftLink
+from verifier_service.draft.tier import DraftTier
 from verifier_service.sequences import CapacityExceeded, SequenceRegistry
 from verifier_service.speculation.request import RequestSpeculation
 from verifier_service.speculation.policy import RoundCost, SpeculationPolicy
@@ -29,7 +30,7 @@ FINISH_REASONS = {STOP: common_pb2.FINISH_REASON_STOP, LENGTH: common_pb2.FINISH
 
 class VerifierServicer(verifier_pb2_grpc.VerifierServiceServicer):
     def __init__(self, engine: Engine, tokenizer, info: common_pb2.ModelInfo, config: VerifierConfig,
-                 draft: DraftLink | None):
+                 draft: DraftTier | DraftLink | None):
         self.engine = engine
         self.tokenizer = tokenizer
         self.info = info

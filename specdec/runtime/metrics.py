@@ -44,6 +44,11 @@ RESUMES = Counter("specdec_gateway_resumes", "Requests resumed on another verifi
 RESUME_DELAY = Histogram("specdec_gateway_resume_delay_seconds",
                          "From a verifier's failure to the first token the next verifier sent the resumed request",
                          buckets=LATENCY_BUCKETS)
+DRAFT_REPLICA_SEQUENCES = Gauge("specdec_draft_replica_sequences",
+                                "Sequences with a draft stream open on each draft replica", ["replica"])
+LIVE_DRAFT_REPLICAS = Gauge("specdec_draft_replicas_live", "Draft replicas this verifier routes sequences to now")
+DRAFT_TENANT_MOVES = Counter("specdec_draft_tenant_moves", "Tenants routed to another draft replica than their last "
+                                                           "one (theirs left the live replicas, or one came back)")
 USABLE_VERIFIERS = Gauge("specdec_gateway_usable_verifiers", "Verifiers this gateway may send requests to now")
 LIVE_SEQUENCES = Gauge("specdec_live_sequences", "Sequences holding state (KV cache) in this process")
 CACHE_TOKENS = Gauge("specdec_cache_tokens", "Tokens held in KV caches in this process")

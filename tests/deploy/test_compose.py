@@ -91,10 +91,14 @@ def gpu_devices(service: dict) -> list[dict]:
     return (((service.get("deploy") or {}).get("resources") or {}).get("reservations") or {}).get("devices") or []
 
 
+def services_running(services: dict, module: str, first: str) -> list[str]:
+    """The services that run `python -m module`: `first` first, then the others (a profile's) in file order."""
+    found = [n for n, s in services.items() if python_module_of(s.get("command")) == module]
+    return sorted(found, key=lambda n: n != first)
+
+
 def verifier_services(services: dict) -> list[str]:
-    """The services that run the verifier: "verifier" first, then the others (a profile's) in file order."""
-    found = [n for n, s in services.items() if python_module_of(s.get("command")) == "verifier_service"]
-    return sorted(found, key=lambda n: n != "verifier")
+    return services_running(services, "verifier_service", "verifier")
 
 
 def aliases(service: dict) -> set[str]:
@@ -104,36 +108,36 @@ def aliases(service: dict) -> set[str]:
     return {alias for spec in networks.values() for alias in ((spec or {}).get("aliases") or [])}
 
 
-def verifier_address_problems(value: str, services: dict) -> list[str]:
-    """The gateway's SPECDEC_VERIFIER must reach every verifier service, each on its SPECDEC_PORT, and the
-    gateway must wait for the first to be healthy."""
-    from gateway.verifier_pool import parse_targets
+def fleet_address_problems(user: str, var: str, value: str, services: dict, module: str, first: str) -> list[str]:
+    """`user`'s `var` (the gateway's SPECDEC_VERIFIER, a verifier's SPECDEC_DRAFT) may name a fleet: it must reach
+    every service running `module`, each on its SPECDEC_PORT, and `user` must wait for `first` to be healthy."""
+    from specdec.runtime.targets import parse_targets
 
-    problems, verifiers = [], verifier_services(services)
+    problems, fleet = [], services_running(services, module, first)
     try:
-        targets = parse_targets(value)
+        targets = parse_targets(value, var, f"{first}s:1")
     except ValueError as exc:
-        return [f"gateway: SPECDEC_VERIFIER={value!r}: {exc}"]
+        return [f"{user}: {var}={value!r}: {exc}"]
     if targets.dns:
-        reached = [v for v in verifiers if targets.dns_host == v or targets.dns_host in aliases(services[v])]
+        reached = [v for v in fleet if targets.dns_host == v or targets.dns_host in aliases(services[v])]
         addresses = [(v, targets.dns_port) for v in reached]
         if not reached:
-            problems.append(f"gateway: SPECDEC_VERIFIER {value!r} names no verifier service or alias")
-        for v in verifiers:
+            problems.append(f"{user}: {var} {value!r} names no {first} service or alias")
+        for v in fleet:
             if v not in reached:
-                problems.append(f"gateway: SPECDEC_VERIFIER {value!r} does not reach {v} (give {v} the network "
+                problems.append(f"{user}: {var} {value!r} does not reach {v} (give {v} the network "
                                 f"alias {targets.dns_host!r})")
     else:
         addresses = [host_port(a) for a in targets.addresses]
         for host, _ in addresses:
-            if host not in verifiers:
-                problems.append(f"gateway: SPECDEC_VERIFIER host {host!r} is not a verifier service")
+            if host not in fleet:
+                problems.append(f"{user}: {var} host {host!r} is not a {first} service")
     for host, port in addresses:
         want = int(resolve_default(env_of(services.get(host) or {}).get("SPECDEC_PORT", "0")))
         if host in services and port != want:
-            problems.append(f"gateway: SPECDEC_VERIFIER port {port} != {host}'s SPECDEC_PORT {want}")
-    if depends(services.get("gateway") or {}).get("verifier") != "service_healthy":
-        problems.append("gateway: uses verifier but does not wait for it to be healthy")
+            problems.append(f"{user}: {var} port {port} != {host}'s SPECDEC_PORT {want}")
+    if depends(services.get(user) or {}).get(first) != "service_healthy":
+        problems.append(f"{user}: uses {first} but does not wait for it to be healthy")
     return problems
 
 
@@ -165,7 +169,9 @@ def compose_problems(data: dict, expect_gpu: bool) -> list[str]:
 
     # The product services: command, ports, healthcheck, tracing, addresses.
     verifiers = verifier_services(services)
-    for module, name in [*SERVICE_OF_MODULE.items(), *(("verifier_service", v) for v in verifiers[1:])]:
+    drafts = services_running(services, "draft_service", "draft")
+    for module, name in [*SERVICE_OF_MODULE.items(), *(("verifier_service", v) for v in verifiers[1:]),
+                         *(("draft_service", d) for d in drafts[1:])]:
         svc = services.get(name)
         if svc is None:
             continue
@@ -203,13 +209,17 @@ def compose_problems(data: dict, expect_gpu: bool) -> list[str]:
             problems.append(f"{name}: should start after jaeger")
 
     # Cross-service addresses: HOST must be the service, PORT its SPECDEC_PORT. The gateway's SPECDEC_VERIFIER
-    # may name several verifiers: a list of services, or dns:///NAME:PORT, NAME a network alias they all carry.
-    gateway_env = env_of(services.get("gateway") or {})
-    if "SPECDEC_VERIFIER" in gateway_env:
-        problems += verifier_address_problems(resolve_default(gateway_env["SPECDEC_VERIFIER"]), services)
+    # and each verifier's SPECDEC_DRAFT may name a fleet: a list of services, or dns:///NAME:PORT, NAME a
+    # network alias they all carry.
+    fleets = {("gateway", "SPECDEC_VERIFIER"): ("verifier_service", "verifier"),
+              **{(v, "SPECDEC_DRAFT"): ("draft_service", "draft") for v in verifiers}}
+    for (user, var), (module, first) in fleets.items():
+        value = env_of(services.get(user) or {}).get(var)
+        if value is not None:
+            problems += fleet_address_problems(user, var, resolve_default(value), services, module, first)
     for name, svc in services.items():
         for var, target in (("SPECDEC_VERIFIER", "verifier"), ("SPECDEC_DRAFT", "draft")):
-            if var not in env_of(svc) or (name, var) == ("gateway", "SPECDEC_VERIFIER"):
+            if var not in env_of(svc) or (name, var) in fleets:
                 continue
             try:
                 host, port = host_port(env_of(svc)[var])
@@ -367,6 +377,11 @@ def test_cpu_variant_differs_from_gpu_only_in_the_verifier_device():
             lambda s: s["verifier"]["environment"].__setitem__("SPECDEC_DRAFT", "drafts:50053"),
             "SPECDEC_DRAFT host 'drafts'",
         ),
+        (lambda s: s["draft2"].pop("networks"), "verifier: SPECDEC_DRAFT 'dns:///drafts:50053' does not reach draft2"),
+        (
+            lambda s: s["verifier"]["environment"].__setitem__("SPECDEC_DRAFT", "dns:///draftz:50053"),
+            "names no draft service or alias",
+        ),
         (
             lambda s: s["draft"]["healthcheck"].__setitem__(
                 "test", ["CMD", "python", "-m", "specdec.runtime.health_probe", "--addr", "127.0.0.1:50052"]
@@ -395,6 +410,8 @@ def test_cpu_variant_differs_from_gpu_only_in_the_verifier_device():
         "second-verifier-no-gpu",
         "second-verifier-shares-the-gpu",
         "wrong-draft-host",
+        "second-draft-not-aliased",
+        "draft-dns-name-unknown",
         "wrong-probe-port",
         "no-gpu",
         "leaked-port",

@@ -284,6 +284,12 @@ def k8s_problems(docs: list[dict], tls: bool) -> list[str]:
             # a plain name is one channel: the gateway could not see each verifier's health or open streams
             problems.append(f"gateway: SPECDEC_VERIFIER={verifier!r} must be dns:///verifier:PORT, so that the "
                             "gateway holds a channel per verifier pod (docs/scaling.md)")
+    if "verifier" in deployments:
+        draft = env_value(deployments["verifier"]["spec"]["template"]["spec"]["containers"][0], "SPECDEC_DRAFT")
+        if draft is not None and not draft.startswith("dns:///"):
+            # a plain name is one channel to one pod: the other draft pods would draft for nobody
+            problems.append(f"verifier: SPECDEC_DRAFT={draft!r} must be dns:///draft:PORT, so that the verifier "
+                            "sees every draft pod (the draft tier, docs/scaling.md)")
     if "gateway" in deployments:
         api = env_map(deployments["gateway"]["spec"]["template"]["spec"]["containers"][0]).get("SPECDEC_API_KEYS")
         if not api or "secretKeyRef" not in (api.get("valueFrom") or {}):
@@ -364,6 +370,8 @@ def test_manifests_are_consistent(rendered, name):
         ("verifier.yaml", "key: verifier.engine", "key: verifier.engin", "missing ConfigMap key"),
         ("gateway.yaml", "key: api-keys", "key: api-key", "missing Secret key"),
         ("verifier.yaml", "  clusterIP: None", "  type: ClusterIP", "must be headless"),
+        ("draft.yaml", "  clusterIP: None", "  type: ClusterIP", "Service draft: must be headless"),
+        ("verifier.yaml", 'value: "dns:///draft:50053"', 'value: "draft:50053"', "SPECDEC_DRAFT='draft:50053' must be dns"),
         ("draft.yaml", '            - {name: SPECDEC_HOST, value: "[::]"}\n', "",
          "draft: SPECDEC_HOST must be a non-loopback"),
         ("verifier.yaml", 'value: "[::]"}', 'value: "127.0.0.1"}', "verifier: SPECDEC_HOST must be a non-loopback"),
@@ -386,6 +394,8 @@ def test_manifests_are_consistent(rendered, name):
         "missing-configmap-key",
         "missing-secret-key",
         "not-headless",
+        "draft-not-headless",
+        "draft-tier-not-dns",
         "draft-on-loopback",
         "verifier-on-loopback",
         "selector-mismatch",

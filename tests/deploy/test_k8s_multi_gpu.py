@@ -132,7 +132,7 @@ def test_overlay_spans_gpus(docs):
 def test_overlay_verifier_speculates_at_tensor_parallel_4(docs, monkeypatch):
     """The drafts reach every rank through vLLM's scheduler: the overlay's verifier keeps the draft."""
     cfg = verifier_config(docs, monkeypatch)
-    assert (cfg.engine, cfg.draft) == ("vllm", "draft:50053")
+    assert (cfg.engine, cfg.draft) == ("vllm", "dns:///draft:50053")  # the draft tier, behind its headless Service
     assert parallel_args(cfg)["tensor_parallel_size"] == 4
 
 

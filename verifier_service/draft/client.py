@@ -1,8 +1,10 @@
 """The verifier's side of the draft stream: one bidirectional Propose call per sequence.
 
-`DraftLink` owns the channel to the draft service and a shared back-off: when
+`DraftLink` owns the channel to one draft replica and a shared back-off: when
 the draft fails, every sequence decodes without it until the back-off expires,
-then the next sequence to ask reconnects. `DraftSession` is one sequence's
+then the next sequence to ask reconnects. With several replicas
+(verifier_service.draft.tier), each has its link, and a sequence's session
+asks the tier which replica to open its stream on. `DraftSession` is one sequence's
 handle: its stream and its position in the draft; it can also ask for a block without
 waiting (`prefetch`) and take the answer on the next round (`at_hand`). Any failure (the draft died,
 was too slow, or answered nonsense) gives that round an empty block with the
@@ -15,12 +17,13 @@ import asyncio
 import dataclasses
 import logging
 import time
+import typing
 
 import grpc
 import numpy as np
 import torch
 
-from specdec.runtime import grpc_server
+from specdec.runtime import grpc_server, metrics
 from specdec.modeling import models
 from specdec.runtime.config import ServerConfig
 from specdec.decoding.draft_block import DraftBlock
@@ -138,9 +141,21 @@ class DraftLink:
         self.method = ""
         self.max_k = 0  # the largest block the draft serves (GetDraftInfo); 0: not reported
         self.sizes_blocks = False  # the draft cuts its blocks to its evidence (GetDraftInfo)
+        # As one replica of a tier (specdec.runtime.peer_watch's member): its watch's verdict (None: live), the
+        # draft's ModelInfo as last checked, and the sequences with a stream open on it
+        self.problem: str | None = None
+        self.info: common_pb2.ModelInfo | None = None
+        self.outstanding = 0
+        # Called when a call to it failed as if it went away: its watch takes it out and checks it at once.
+        self.suspect: typing.Callable[[str], typing.Awaitable[None]] | None = None
 
-    async def check_compatible(self, wait_s: float = 0.0) -> None:
-        """Ask the draft for its tokenizer and refuse a mismatch (raises DraftIncompatible)."""
+    def opened(self, delta: int) -> None:
+        """A sequence opened (1) or ended (-1) its stream on this draft."""
+        self.outstanding += delta
+        metrics.DRAFT_REPLICA_SEQUENCES.labels(replica=self.address).set(self.outstanding)
+
+    async def check_compatible(self, wait_s: float = 0.0) -> common_pb2.ModelInfo:
+        """Ask the draft for its tokenizer and refuse a mismatch (raises DraftIncompatible); its ModelInfo."""
         deadline = time.monotonic() + wait_s
         while True:
             try:
@@ -158,6 +173,7 @@ class DraftLink:
         self.max_k = reply.max_speculative_tokens
         self.sizes_blocks = reply.sizes_blocks
         self.checked = True
+        return reply.info
 
     def available(self) -> bool:
         return self.backoff.ready()
@@ -194,7 +210,7 @@ class DraftLink:
             self.failed()
             raise DraftUnavailable(f"the draft at {self.address} is incompatible") from exc
         except STREAM_ERRORS as exc:
-            self.failed()
+            self.failed(exc)
             raise DraftUnavailable(f"cannot open a draft stream: {exc!r}") from exc
         return call
 
@@ -205,9 +221,26 @@ class DraftLink:
             return
         self.backoff.failed(waited_s if isinstance(exc, asyncio.TimeoutError) else 0.0)
         self.checked = False  # whatever answers after a failure may be another draft: check its tokenizer again
+        if self.suspect is not None and went_away(exc):
+            reason = f"{exc.code().name}: {exc.details()}" if isinstance(exc, grpc.aio.AioRpcError) else str(exc)
+            _in_background(self.suspect(reason))
 
     async def close(self) -> None:
         await self.channel.close()
+
+
+def went_away(exc: BaseException | None) -> bool:
+    """Whether a failure looks like the draft is gone (not slow, not refusing one request): unreachable, or its
+    connection dropped. A tier then routes around it at once, without waiting for its next check."""
+    if isinstance(exc, grpc.aio.AioRpcError):
+        return exc.code() == grpc.StatusCode.UNAVAILABLE
+    return isinstance(exc, DraftUnavailable)
+
+
+class Router(typing.Protocol):
+    """Where a sequence's stream opens: the draft tier (verifier_service.draft.tier.DraftTier)."""
+
+    def route(self, session: DraftSession) -> DraftLink | None: ...
 
 
 class DraftSession:
@@ -220,8 +253,9 @@ class DraftSession:
     """
 
     def __init__(self, link: DraftLink, request_id: str, sampling: SamplingParams, tenant: str = "",
-                 constraint: Constrained | None = None):
-        self.link = link
+                 constraint: Constrained | None = None, router: Router | None = None):
+        self.link = link  # the replica of the stream (the last one opened), or the one it would open on
+        self.router = router  # several replicas: asked for the replica each time a stream opens
         self.request_id = request_id
         self.sampling = sampling
         self.tenant = tenant
@@ -246,14 +280,21 @@ class DraftSession:
         """Open the Propose stream on first use; "" when it is open, else why the round has no draft."""
         if self.stream is not None:
             return ""
+        if self.router is not None:
+            link = self.router.route(self)
+            if link is None:
+                return "unavailable"
+            self.link = link
         if not self.link.available():
             return "backoff"
+        link = self.link
         try:
-            call = await self.link.open(self.request_id, tokens, self.sampling, self.tenant, self.constraint)
+            call = await link.open(self.request_id, tokens, self.sampling, self.tenant, self.constraint)
         except DraftUnavailable as exc:
             log.warning("request %s: decoding without the draft: %s", self.request_id, exc)
             return "unavailable"
         self.stream = ProposeStream(call, self.ahead)
+        link.opened(1)
         self.synced = len(tokens)
         return ""
 
@@ -442,6 +483,7 @@ class DraftSession:
         if self.stream is not None:
             _end(self.stream.call)
             self.stream = None
+            self.link.opened(-1)
 
     def close(self, final_tokens: list[int] | None = None) -> None:
         """End the stream. After a normal finish (final_tokens: the whole sequence), sync the draft to it
@@ -453,6 +495,7 @@ class DraftSession:
             self.cancel()
             return
         stream, self.stream = self.stream, None
+        self.link.opened(-1)
         _in_background(self._drain(stream, self.synced, final_tokens[self.synced:]))
 
     @staticmethod
