@@ -1,4 +1,5 @@
-"""Structured outputs on the vLLM engine (vLLM's own, fed our constraint) through the real processes.
+"""Structured outputs on the vLLM engine: what vllm_structured hands vLLM, and vLLM's own structured outputs,
+fed our constraint, through the real processes (slow):
 
 - Greedy output with a JSON schema, speculation on (suffix draft with the grammar drafter, the default), equals
   the same request with speculation off, token for token, and validates against the schema.
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import json
 import textwrap
+import types
 
 import grpc
 import jsonschema
@@ -20,8 +22,8 @@ import pytest
 from devkit.stack import REPO_ROOT, running_stack
 from specdec.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 from tests.verifier_service.vllm_support import VLLM_PYTHON, need_vllm
+from verifier_service.engines import vllm_structured
 
-pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 SCHEMA = {"type": "object", "properties": {
     "kind": {"enum": ["invoice", "person", "event"]}, "name": {"type": "string", "maxLength": 6},
@@ -52,6 +54,29 @@ SITECUSTOMIZE = textwrap.dedent("""\
 """)
 
 
+def test_the_grammar_text_is_the_compact_strict_grammar_and_rejects_other_spacing():
+    import xgrammar
+
+    text = vllm_structured.grammar_text(CONSTRAINT)
+    assert vllm_structured.grammar_text(CONSTRAINT) is text  # cached by the constraint's hash
+    matcher = xgrammar.testing._get_matcher_from_grammar_and_tokenizer_info(xgrammar.Grammar.from_ebnf(text))
+    assert matcher.accept_string('{"kind": "event", "name": "Ada", "count": 3, "paid": true}')
+    for other in ('{"kind":"event"', '{ "kind": "event"', '{"kind": "event", "extra": 1'):
+        fresh = xgrammar.testing._get_matcher_from_grammar_and_tokenizer_info(xgrammar.Grammar.from_ebnf(text))
+        assert not fresh.accept_string(other), other
+
+
+def test_sampling_fields_carry_the_grammar_and_ban_the_banned_ids():
+    fake_vllm = types.SimpleNamespace(sampling_params=types.SimpleNamespace(StructuredOutputsParams=dict))
+    assert vllm_structured.sampling_fields(fake_vllm, None, frozenset(), 10) == {}
+    assert vllm_structured.sampling_fields(fake_vllm, common_pb2.Constraint(), frozenset(), 10) == {}
+    fields = vllm_structured.sampling_fields(fake_vllm, common_pb2.Constraint(regex="[0-9]+"), frozenset({3, 7}), 10)
+    assert "root ::=" in fields["structured_outputs"]["grammar"]
+    assert fields["allowed_token_ids"] == [0, 1, 2, 4, 5, 6, 8, 9]
+    assert "allowed_token_ids" not in vllm_structured.sampling_fields(
+        fake_vllm, common_pb2.Constraint(regex="[0-9]+"), frozenset(), 10)
+
+
 def vllm_stack(vllm_pair, tmp_path, method: str, draft_args=(), env=None):
     need_vllm()
     env = {"VLLM_CACHE_ROOT": str(tmp_path / "vllm-cache"), **(env or {})}
@@ -65,6 +90,8 @@ def generate(gateway, prompt: str, k: int) -> gateway_pb2.GenerateResponse:
                                                         num_speculative_tokens=k, constraint=CONSTRAINT), timeout=120)
 
 
+@pytest.mark.vllm
+@pytest.mark.slow
 def test_greedy_json_schema_output_with_speculation_equals_k0_and_validates(vllm_pair, tmp_path):
     accepted = forced = 0
     with vllm_stack(vllm_pair, tmp_path, "suffix") as services, \
@@ -83,6 +110,8 @@ def test_greedy_json_schema_output_with_speculation_equals_k0_and_validates(vllm
     assert accepted > 0, "speculation never accepted a draft token: the test shows nothing"
 
 
+@pytest.mark.vllm
+@pytest.mark.slow
 def test_grammar_invalid_drafts_are_cut_by_vllm_and_never_accepted(vllm_pair, vllm_tokenizer, tmp_path):
     newline = vllm_tokenizer.encode("\n", add_special_tokens=False)
     assert len(newline) == 1  # compact JSON has no raw newline anywhere, strings included: never valid
