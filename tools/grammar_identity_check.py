@@ -5,7 +5,8 @@ first --prompts prompts of bench/workloads/extraction.jsonl, greedy, the workloa
 constraint: speculation off (k = 0), then adaptive k and each fixed --k; every output must be the k = 0 output,
 token for token. Then the same prompt without the constraint at k = 0. Each output (constrained k = 0, and
 unconstrained) is parsed as one JSON value (the whole text, stripped) and validated against the schema with the
-`jsonschema` package: the validity share with the constraint and without. Prints a JSON line per prompt and a
+`jsonschema` package: the validity share with the constraint and without. The prompts show the schema and one
+worked example; --without-example drops the example (a harder test of the unconstrained model). Prints a JSON line per prompt and a
 summary; --out writes it all with the machine (CPU model and flags). Exit status 1 when any output differs.
 
     python -m tools.grammar_identity_check --model .cache/models/smollm2-135m-instruct --engine transformers \\
@@ -48,6 +49,12 @@ def validity(text: str) -> dict:
     return {"parses": True, "valid": VALIDATOR.is_valid(value)}
 
 
+def without_example(prompt: str) -> str:
+    """The prompt with its "Example:" paragraph (one record and its JSON) removed."""
+    start = prompt.index("Example:\n")
+    return prompt[:start] + prompt[prompt.index("Record:", prompt.index("\n\n", start)):]
+
+
 def stats(result: dict) -> dict:
     return {key: result[key] for key in ("k", "seconds", "tok_s", "drafted", "accepted", "forced")}
 
@@ -58,11 +65,15 @@ def main(argv=None) -> int:
     parser.set_defaults(dtype="float32", threads=1)
     parser.add_argument("--prompts", type=int, default=20, help="how many of extraction.jsonl's prompts")
     parser.add_argument("--k", type=int, nargs="*", default=[4], help="fixed block sizes to run besides adaptive")
+    parser.add_argument("--without-example", action="store_true", help="drop each prompt's worked example")
     args = parser.parse_args(argv)
     lines = [json.loads(line) for line in workload_path("extraction").read_text().splitlines() if line.strip()]
     prompts = lines[:args.prompts]
+    if args.without_example:
+        prompts = [{**p, "prompt": without_example(p["prompt"])} for p in prompts]
     tokenizer = load_tokenizer(str(args.model))
     print(f"cpu: {pair_check.cpu()}", flush=True)
+    machine = machine_info(args.threads, "PASSIVE")  # at the start: its load average is the run's
     rows = []
     with tempfile.TemporaryDirectory() as logs:
         started = time.monotonic()
@@ -110,8 +121,9 @@ def main(argv=None) -> int:
         pathlib.Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         pathlib.Path(args.out).write_text(json.dumps({
             "model": pathlib.Path(args.model).name, "engine": args.engine, "dtype": args.dtype, "workload": "extraction",
+            "without_example": args.without_example,
             "draft": "suffix + grammar (the default)", "k": ["adaptive", *args.k], "schema": SCHEMA,
-            "machine": machine_info(args.threads, "PASSIVE"),
+            "machine": machine,
             "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "summary": summary, "rows": rows},
             indent=1, ensure_ascii=False) + "\n")
         print(f"wrote {args.out}")
