@@ -22,7 +22,7 @@ from opentelemetry import trace
 
 from draft_service.ahead import Block, DraftAhead
 from draft_service.config import DraftConfig
-from draft_service.faults import inject_ahead_fault
+from draft_service.faults import inject_ahead_fault, inject_draft_token
 from draft_service.proposer import DraftSequence, Proposer, ProposerError
 from specdec.decoding.draft_block import DraftBlock
 from specdec.decoding.grammar import constraint_set
@@ -152,7 +152,8 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
                                        context, k)
         if ahead is not None:
             ahead.answered(Block(len(sequence.tokens) - len(proposal.token_ids), list(proposal.token_ids), k))
-        return self._response(proposal, k, block.round, len(sequence.tokens), sized_ok=ahead is None)
+        return inject_draft_token(self.config.inject_draft_token,
+                                  self._response(proposal, k, block.round, len(sequence.tokens), sized_ok=ahead is None))
 
     async def _ahead(self, sequence: DraftSequence, ahead: DraftAhead, longest: int,
                      context) -> list[draft_pb2.ProposeResponse]:
@@ -165,7 +166,8 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
         if not proposal.token_ids:
             return []
         ahead.sent(keep, append, Block(keep + len(append), list(proposal.token_ids), k))
-        message = self._response(proposal, k, ahead.round + 1, len(sequence.tokens))
+        message = inject_draft_token(self.config.inject_draft_token,
+                                     self._response(proposal, k, ahead.round + 1, len(sequence.tokens)))
         message.ahead.keep_length, message.ahead.append_token_ids[:] = keep, append
         return inject_ahead_fault(self.config.inject_ahead_fault, message, self.info.vocab_size)
 

@@ -16,6 +16,7 @@ def tiny_pair(tmp_path_factory):
 # so a slow file collected last would run alone at the end while the other worker idles.
 SLOWEST_FIRST = (
     "tests/verifier_service/engines/test_vllm_engine.py",  # 207 s
+    "tests/verifier_service/engines/test_vllm_structured.py",  # 280 s (two stacks; a loaded 2-core EPYC)
     "tests/verifier_service/engines/test_vllm_tensor_parallel.py",  # 127 s
     "tests/e2e/test_lossless_greedy.py",  # 155 s
     "tests/verifier_service/speculation/test_rejection_sampler.py",  # 107 s

@@ -57,6 +57,7 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServiceServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         if constraint_set(request.constraint):
             spec.grammar = await self._grammar(request.constraint, context)
+            spec.constraint = request.constraint
         try:
             key, live = self.sequences.admit(spec.request_id, len(spec.prompt_ids) + spec.max_tokens)
         except CapacityExceeded as exc:

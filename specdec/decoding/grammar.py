@@ -90,6 +90,47 @@ def _size(constraint: common_pb2.Constraint) -> int:
     return len(getattr(constraint, kind).encode())
 
 
+def constraint_grammar(constraint: common_pb2.Constraint):
+    """The constraint as an xgrammar Grammar (no tokenizer needed): the one grammar both engines and the draft
+    enforce. JSON is compact (`", "` and `": "`, no free whitespace); json_schema holds objects to their named
+    properties when constraint.strict. Raises GrammarError naming the problem."""
+    import xgrammar
+
+    kind = constraint.WhichOneof("kind")
+    try:
+        if kind == "json_schema":
+            try:
+                schema = json.loads(constraint.json_schema)
+            except json.JSONDecodeError as exc:
+                raise GrammarError(f"constraint.json_schema is not valid JSON: {exc}") from None
+            if not isinstance(schema, (dict, bool)):
+                raise GrammarError("constraint.json_schema must be a JSON object (a schema)")
+            unenforced = unenforced_keywords(schema)
+            if unenforced:
+                raise GrammarError(f"constraint.json_schema uses unsupported keywords: {', '.join(unenforced[:5])}"
+                                   " (structured outputs cannot enforce them); remove them from the schema")
+            return xgrammar.Grammar.from_json_schema(constraint.json_schema, strict_mode=constraint.strict,
+                                                     any_whitespace=False)
+        if kind == "json_object":
+            return xgrammar.Grammar.from_json_schema('{"type": "object"}', strict_mode=False, any_whitespace=False)
+        if kind == "regex":
+            return xgrammar.Grammar.from_regex(constraint.regex)
+        if kind == "choice":
+            values = list(constraint.choice.values)
+            if not values:
+                raise GrammarError("constraint.choice must hold at least one string")
+            # Each choice as an EBNF string literal; JSON's escapes are the EBNF's.
+            return xgrammar.Grammar.from_ebnf("root ::= " + " | ".join(json.dumps(v, ensure_ascii=False)
+                                                                        for v in values))
+        return xgrammar.Grammar.from_ebnf(constraint.grammar)
+    except GrammarError:
+        raise
+    except (RuntimeError, ValueError, TypeError) as exc:  # xgrammar's parse and schema errors
+        message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        message = XGRAMMAR_LOG_PREFIX.sub("", message)
+        raise GrammarError(f"constraint.{kind} does not compile: {message}") from None
+
+
 class GrammarCompiler:
     """Compiles constraints for one tokenizer; thread safe; caches by constraint hash."""
 
@@ -156,39 +197,7 @@ class GrammarCompiler:
             info = self._xgr.TokenizerInfo.from_huggingface(self._tokenizer, vocab_size=self.vocab_size,
                                                             stop_token_ids=self.stop_token_ids)
             self._compiler = self._xgr.GrammarCompiler(info, max_threads=1)
-        try:
-            if kind == "json_schema":
-                try:
-                    schema = json.loads(constraint.json_schema)
-                except json.JSONDecodeError as exc:
-                    raise GrammarError(f"constraint.json_schema is not valid JSON: {exc}") from None
-                if not isinstance(schema, (dict, bool)):
-                    raise GrammarError("constraint.json_schema must be a JSON object (a schema)")
-                unenforced = unenforced_keywords(schema)
-                if unenforced:
-                    raise GrammarError(f"constraint.json_schema uses unsupported keywords: {', '.join(unenforced[:5])}"
-                                       " (structured outputs cannot enforce them); remove them from the schema")
-                return self._compiler.compile_json_schema(constraint.json_schema, strict_mode=constraint.strict,
-                                                          any_whitespace=False)
-            if kind == "json_object":
-                return self._compiler.compile_json_schema('{"type": "object"}', strict_mode=False,
-                                                          any_whitespace=False)
-            if kind == "regex":
-                return self._compiler.compile_regex(constraint.regex)
-            if kind == "choice":
-                values = list(constraint.choice.values)
-                if not values:
-                    raise GrammarError("constraint.choice must hold at least one string")
-                # Each choice as an EBNF string literal; JSON's escapes are the EBNF's.
-                rule = " | ".join(json.dumps(v, ensure_ascii=False) for v in values)
-                return self._compiler.compile_grammar(f"root ::= {rule}")
-            return self._compiler.compile_grammar(constraint.grammar)
-        except GrammarError:
-            raise
-        except (RuntimeError, ValueError, TypeError) as exc:  # xgrammar's parse and schema errors
-            message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            message = XGRAMMAR_LOG_PREFIX.sub("", message)
-            raise GrammarError(f"constraint.{kind} does not compile: {message}") from None
+        return self._compiler.compile_grammar(constraint_grammar(constraint))
 
     def matcher(self, compiled, constraint: common_pb2.Constraint | None = None) -> SequenceGrammar:
         """A fresh matcher for one sequence. A JSON constraint also bans tokens holding a raw control character:

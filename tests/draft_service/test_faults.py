@@ -3,7 +3,7 @@
 import pytest
 
 from draft_service.config import DraftConfig
-from draft_service.faults import inject_ahead_fault
+from draft_service.faults import inject_ahead_fault, inject_draft_token
 from specdec.runtime import config as specdec_config
 from specdec.v1 import draft_pb2
 
@@ -32,3 +32,12 @@ def test_a_flood_sends_sixteen_extra_mis_tagged_blocks():
     sent = inject_ahead_fault("flood", message, vocab_size=10)
     assert len(sent) == 17 and all(m.ahead.keep_length == 1 for m in sent[1:])
     assert inject_ahead_fault("wrong_tokens", draft_pb2.ProposeResponse(token_ids=[9]), 10)[0].token_ids == [0]
+
+
+def test_inject_draft_token_replaces_every_token_and_drops_q_and_forced():
+    with pytest.raises(ValueError, match="--enable-fault-injection"):
+        DraftConfig(inject_draft_token=5)
+    message = draft_pb2.ProposeResponse(token_ids=[1, 2, 3], probs=b"\0" * 12, num_forced=2, num_chained=1)
+    sent = inject_draft_token(7, message)
+    assert list(sent.token_ids) == [7, 7, 7] and sent.probs == b"" and sent.num_forced == sent.num_chained == 0
+    assert list(inject_draft_token(-1, draft_pb2.ProposeResponse(token_ids=[1])).token_ids) == [1]

@@ -86,7 +86,7 @@ def test_a_sequence_waiting_for_compute_is_not_reaped_and_one_not_read_is():
 
 
 def test_an_engine_without_constraints_refuses_one_with_failed_precondition():
-    """WaitingEngine, like the vLLM engine for now, has no takes_constraints: a constraint is refused before work."""
+    """WaitingEngine has no takes_constraints: a constraint is refused before work."""
 
     async def scenario():
         server, _servicer, address = await serve()
@@ -99,8 +99,6 @@ def test_an_engine_without_constraints_refuses_one_with_failed_precondition():
 
     error = asyncio.run(scenario())
     assert error.code() == grpc.StatusCode.FAILED_PRECONDITION and "structured outputs" in error.details()
-    from verifier_service.engines.vllm_engine import VllmEngine
-    assert VllmEngine.takes_constraints is False
 
 
 def read_error(address: str, request: verifier_pb2.DecodeRequest) -> grpc.RpcError:

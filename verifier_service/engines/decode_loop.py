@@ -41,6 +41,7 @@ class DecodeSpec:
     num_speculative_tokens: int | None  # None: the server's default, adapted
     tenant: str = ""  # opaque tenant id from the gateway; the draft keeps tenants' learnt outputs apart
     grammar: object | None = None  # specdec.decoding.grammar.SequenceGrammar: structured outputs; None: none
+    constraint: object | None = None  # common_pb2.Constraint, with grammar: for an engine that enforces it itself
 
 
 @dataclasses.dataclass
@@ -57,7 +58,7 @@ class Engine(typing.Protocol):
     vocab_size: int
     max_context: int
     takes_draft_probs: bool  # whether rejection sampling uses the draft's q (else drafts are asked to be greedy)
-    takes_constraints: bool  # whether it masks by a grammar (DecodeSpec.grammar); else a constraint is refused
+    takes_constraints: bool  # whether it enforces a constraint (DecodeSpec.grammar/.constraint); else refused
 
     def rounds(self, spec: DecodeSpec, speculation: RequestSpeculation) -> typing.AsyncIterator[list[int]]:
         """Generate spec's sequence; yield the tokens each round emitted (accepted drafts + the target's token).

@@ -26,7 +26,7 @@ from opentelemetry import context as otel_context
 
 from specdec.runtime import metrics
 from specdec.runtime.grpc_server import ConfigError
-from verifier_service.engines import vllm_sampling
+from verifier_service.engines import vllm_sampling, vllm_structured
 from verifier_service.config import VerifierConfig
 from verifier_service.engines.decode_loop import DecodeSpec
 from verifier_service.speculation.request import RequestSpeculation, Round
@@ -89,7 +89,7 @@ class Submission:
 
 class VllmEngine:
     name = "vllm"
-    takes_constraints = False  # vLLM's own structured outputs are not wired yet: a constraint is refused
+    takes_constraints = True  # through vLLM's own structured outputs (vllm_structured.py)
     takes_draft_probs = False  # vLLM's custom proposers pass no q: drafts are asked to be greedy (one-hot q)
 
     def __init__(self, cfg: VerifierConfig, speculate: bool, eos_token_ids: list[int],
@@ -115,8 +115,8 @@ class VllmEngine:
         args = vllm.EngineArgs(
             model=cfg.model, dtype=cfg.dtype, seed=0, enforce_eager=not cfg.vllm_compile,
             max_num_seqs=cfg.max_sequences, max_model_len=cfg.vllm_max_model_len or None,
-            skip_tokenizer_init=True, speculative_config=speculative, async_scheduling=False,
-            disable_log_stats=True, scheduler_cls=scheduler, **parallel_args(cfg, speculate),
+            speculative_config=speculative, async_scheduling=False, disable_log_stats=True, scheduler_cls=scheduler,
+            **parallel_args(cfg, speculate), **vllm_structured.engine_args(vllm),
         )
         started = time.monotonic()
         try:
@@ -145,7 +145,11 @@ class VllmEngine:
         drafting = None
         if speculation.draft is not None:
             drafting = StepSequence(spec, speculation, otel_context.get_current())
-        submission = Submission(spec.request_id, list(spec.prompt_ids), self._sampling_params(spec),
+        structured = {}
+        if spec.constraint is not None:
+            structured = await asyncio.to_thread(vllm_structured.sampling_fields, self._vllm, spec.constraint,
+                                                 spec.grammar.banned, self.vocab_size)
+        submission = Submission(spec.request_id, list(spec.prompt_ids), self._sampling_params(spec, structured),
                                 drafting, asyncio.Queue(), asyncio.get_running_loop())
         self._inbox.put(("add", submission))
         finished = False
@@ -164,12 +168,13 @@ class VllmEngine:
         finally:
             self._inbox.put(("abort", submission))
 
-    def _sampling_params(self, spec: DecodeSpec):
+    def _sampling_params(self, spec: DecodeSpec, structured: dict):
+        """structured: the fields that enforce the request's constraint (vllm_structured.sampling_fields)."""
         sampling = spec.sampling
         return self._vllm.SamplingParams(
             n=1, temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k, seed=sampling.seed,
             max_tokens=spec.max_tokens, stop_token_ids=self.eos_token_ids, detokenize=False,
-            output_kind=self._vllm.sampling_params.RequestOutputKind.DELTA,
+            output_kind=self._vllm.sampling_params.RequestOutputKind.DELTA, **structured,
         )
 
     # ---- the step thread: the only code that touches self.engine ----
