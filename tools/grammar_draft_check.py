@@ -108,6 +108,45 @@ def summarize(runs: list[dict]) -> dict:
     return summary
 
 
+def markdown(summaries: dict) -> str:
+    """One table row per workload and mode: tokens/s and ratio to off, median per-prompt ratio, tokens per round,
+    forced tokens, validity."""
+    lines = ["| workload | mode | tok/s | vs off | median prompt vs off | tokens / round | draft tokens (forced) "
+             "| accepted | valid |", "|---|---|---:|---:|---:|---:|---|---:|---:|"]
+    for name, summary in summaries.items():
+        for mode in MODES:
+            r = summary[mode]
+            lines.append(f"| {name} | {mode} | {r['tok_s']:.1f} | {r['vs_off']:.2f} | {r['median_prompt_vs_off']:.2f} | "
+                         f"{r['tokens_per_round']:.2f} | {r['drafted']} ({r['forced']}) | {r['accepted']} | "
+                         f"{r['valid_share']:.0%} |")
+    return "\n".join(lines)
+
+
+def grammar_over_suffix_model(record: dict) -> list[str]:
+    """Per workload, the speedup model's grammar + suffix over suffix (bench/replay/grammar_rounds.py, as the advisor
+    predicts it): suffix's measured rounds, the grammar's forced tokens (grammar alone's share, run and acceptance)
+    drafted in suffix's rounds without a draft; and the ceiling, were every such round to vanish. Where verifying a
+    block costs about one step (t(k)/t(1) near 1), the speedup ratio is the ratio of tokens per round."""
+    from bench.replay.grammar_rounds import ForcedTokens, with_grammar
+
+    lines = []
+    for name, summary in record["summaries"].items():
+        rows = record["runs"][name]
+        suffix, grammar = summary["suffix"], summary["grammar"]
+        drafts = sum(r["drafts"] for r in rows if r["mode"] == "suffix")
+        grammar_drafts = sum(r["drafts"] for r in rows if r["mode"] == "grammar")
+        forced = ForcedTokens(share=grammar["accepted"] / grammar["output_tokens"],
+                              run=grammar["drafted"] / max(1, grammar_drafts),
+                              acceptance=grammar["accepted"] / max(1, grammar["drafted"]))
+        base = {0: float(suffix["rounds"] - drafts), suffix["drafted"] / max(1, drafts): float(drafts)}
+        predicted = suffix["rounds"] / sum(with_grammar(suffix["output_tokens"], base, forced, k=8).values())
+        lines.append(f"{name}: suffix {suffix['rounds']} rounds, {suffix['rounds'] - drafts} without a draft; grammar "
+                     f"forced share {forced.share:.2f}, run {forced.run:.1f}, accepted {forced.acceptance:.2f}; "
+                     f"grammar+suffix / suffix by tokens per round: model {predicted:.2f}x, measured "
+                     f"{summary['ratios']['rounds: grammar+suffix / suffix']:.2f}x, ceiling {suffix['rounds'] / drafts:.2f}x")
+    return lines
+
+
 def resummarize(path: pathlib.Path) -> int:
     """Recompute the summaries of a written run from its rows (a row without output_tokens: tok_s x seconds)."""
     record = json.loads(path.read_text())
@@ -118,6 +157,8 @@ def resummarize(path: pathlib.Path) -> int:
     path.write_text(json.dumps(record, indent=1) + "\n")
     for name, summary in record["summaries"].items():
         print(json.dumps({"workload": name, "summary": summary}))
+    print(markdown(record["summaries"]))
+    print("\n".join(grammar_over_suffix_model(record)))
     return 0
 
 
@@ -177,6 +218,7 @@ def main(argv=None) -> int:
     identical = all(r["identical"] for rows in runs.values() for r in rows)
     for name, summary in summaries.items():
         print(json.dumps({"workload": name, "summary": summary}), flush=True)
+    print(markdown(summaries))
     print("greedy output identical to k = 0 on every run" if identical else "OUTPUT DIFFERS", flush=True)
     if args.out:
         pathlib.Path(args.out).parent.mkdir(parents=True, exist_ok=True)
