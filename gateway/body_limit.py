@@ -10,11 +10,14 @@ from __future__ import annotations
 import json
 
 from gateway.openai_protocol import OpenAIError
+from specdec.runtime.limits import MAX_CONSTRAINT_BYTES
 
 # JSON can spell one character in 12 bytes ("\ud83d\ude00"): a body this many times the prompt's
 # characters, plus the rest of the request, still holds a prompt that fits.
 JSON_BYTES_PER_CHAR = 12
-OVERHEAD_BYTES = 256 * 1024
+# The rest: the other fields, and a structured-outputs constraint of up to MAX_CONSTRAINT_BYTES (a schema sent as
+# a JSON string spells each of its bytes in up to 6: "\u001f").
+OVERHEAD_BYTES = 256 * 1024 + 6 * MAX_CONSTRAINT_BYTES
 
 
 def replaying(body: dict, receive):

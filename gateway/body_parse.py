@@ -17,14 +17,16 @@ import json.scanner
 from gateway.body_limit import replaying
 from gateway.openai_protocol import OpenAIError
 from gateway.prompt_tokens import Offload
+from specdec.runtime.limits import MAX_CONSTRAINT_BYTES
 
 # Our request bodies nest four deep (body, messages, a message, its content parts); this leaves room for
 # fields that are refused later by name (response_format, logit_bias...).
 MAX_DEPTH = 16
 # Values (strings, numbers, objects, arrays) a fitting request can need per prompt token: one per token id,
-# three per chat message, which renders to at least one token; and a margin for the other fields.
+# three per chat message, which renders to at least one token; and a margin for the other fields and a
+# structured-outputs schema of up to MAX_CONSTRAINT_BYTES (a JSON value takes 2 bytes at least: "0,").
 VALUES_PER_TOKEN = 4
-VALUES_MARGIN = 1024
+VALUES_MARGIN = 1024 + MAX_CONSTRAINT_BYTES // 2
 
 
 class BodyTooComplex(ValueError):

@@ -102,12 +102,14 @@ def check_generate_request(request: gateway_pb2.GenerateRequest, prompt_ids: lis
         problems.append(f"max_tokens {max_tokens} plus {len(prompt_ids)} prompt tokens exceeds the model's "
                         f"context of {limits_.max_context} tokens")
     problems += limits.stop_problems(list(request.stop), "stop")
+    if request.HasField("constraint"):
+        problems += limits.constraint_problems(request.constraint)
     if problems:
         raise InvalidRequest("; ".join(problems))
     decode = verifier_pb2.DecodeRequest(prompt_token_ids=prompt_ids, sampling=sampling.to_proto(params),
                                         max_tokens=max_tokens, stop=list(request.stop))
     if request.HasField("constraint"):
-        decode.constraint.CopyFrom(request.constraint)  # compiled and checked by the verifier, against its tokenizer
+        decode.constraint.CopyFrom(request.constraint)  # sized here; compiled and checked by the verifier
     if request.HasField("num_speculative_tokens"):
         decode.num_speculative_tokens = request.num_speculative_tokens
     elif default_k >= 0:

@@ -53,9 +53,11 @@ def cpu() -> str:
     return f"{model}, {os.cpu_count()} cores, flags: {' '.join(f for f in FLAGS_THAT_MATTER if f in flags)}"
 
 
-def run(stub, prompt: str, max_tokens: int, k: int | None, constraint=None) -> dict:
-    """One greedy request; constraint: a common_pb2.Constraint (structured outputs), or None."""
-    request = gateway_pb2.GenerateRequest(prompt=chatml(prompt), max_tokens=max_tokens, temperature=0.0,
+def run(stub, prompt: str, max_tokens: int, k: int | None, constraint=None, chat: bool = True) -> dict:
+    """One greedy request; constraint: a common_pb2.Constraint (structured outputs), or None; chat=False: the
+    prompt is ChatML already (a workload's Prompt.text), sent as is."""
+    request = gateway_pb2.GenerateRequest(prompt=chatml(prompt) if chat else prompt, max_tokens=max_tokens,
+                                          temperature=0.0,
                                           constraint=constraint)
     if k is not None:
         request.num_speculative_tokens = k

@@ -1,7 +1,8 @@
 """Workloads shipped as data: bench/workloads/<name>.jsonl, one request a line, played in file order.
 
 Each line: {"id", "max_tokens", the conversation, optional "temperature" (default 0, greedy), "seed",
-"stop", "chat" (default true: render the conversation as ChatML, as SmolLM2-Instruct expects)}.
+"stop", "chat" (default true: render the conversation as ChatML, as SmolLM2-Instruct expects), "schema" (the
+answer's JSON Schema: sent as a structured-outputs constraint where a tool asks for it)}.
 The conversation is one of:
 - "prompt": one user message (with "chat": false, the raw text sent as is);
 - "messages": a list of {"role", "content"} turns (user, assistant, ...), the assistant's answer next;
@@ -27,7 +28,9 @@ CLASSIC_WORKLOADS = ["copy_heavy", "structured", "chat", "creative", "long_promp
 DEFAULT_WORKLOADS = REPETITIVE_WORKLOADS + CLASSIC_WORKLOADS
 # Shipped, not in the default run: code writing and refactoring (a code model's draft, the hybrid draft); named with
 # --workloads code, or the set 'all'.
-EXTRA_WORKLOADS = ["code"]
+EXTRA_WORKLOADS = ["code", "function_calling"]
+# Workloads whose every line carries the JSON Schema of its answer (structured outputs).
+SCHEMA_WORKLOADS = ["extraction", "agent_loop", "function_calling"]
 
 
 @dataclasses.dataclass
@@ -40,6 +43,15 @@ class Prompt:
     seed: int | None = None
     stop: list[str] = dataclasses.field(default_factory=list)
     position: int = 0  # index in the workload file: how many of the workload's requests come before it
+    schema: dict | None = None  # the answer's JSON Schema, where the workload gives one
+
+    def constraint(self):
+        """The schema as a strict structured-outputs constraint (a common_pb2.Constraint), or None without one."""
+        if self.schema is None:
+            return None
+        from specdec.v1 import common_pb2
+
+        return common_pb2.Constraint(json_schema=json.dumps(self.schema), strict=True)
 
 
 def chatml_conversation(messages: list[dict]) -> str:
@@ -82,7 +94,7 @@ def load_workload(name_or_path: str, max_prompts: int | None = None, max_tokens:
             workload=path.stem, id=item["id"], text=text,
             max_tokens=min(limit, max_tokens) if max_tokens else limit,
             temperature=float(item.get("temperature", 0.0)), seed=item.get("seed"), stop=list(item.get("stop", [])),
-            position=len(prompts)))
+            position=len(prompts), schema=item.get("schema")))
     return prompts[:max_prompts] if max_prompts else prompts
 
 

@@ -14,6 +14,9 @@ both models and their KV caches take; then, in-process, on your prompts in their
   - the measured in-process speedup at each proposer's best k: n-gram, suffix and the hybrid through a
     real speculative loop on the target (the verifier engine's rounds, without transport), a draft
     model through Hugging Face assisted generation;
+  - with --forced-share (structured outputs: the share of the output a schema forces), the grammar drafter alone
+    and on top of suffix (`grammar`, `suffix+grammar`): predicted from that share, the forced run length and
+    its acceptance (bench/replay/grammar_rounds.py), not replayed or measured here;
 and recommends a proposer and k, or not to speculate.
 """
 
@@ -32,6 +35,7 @@ from typing import TYPE_CHECKING
 from bench.core import speedup_model
 from bench.core.paths import RESULTS_DIR
 from bench.core.workloads import Prompt, load_workload
+from bench.replay.grammar_rounds import GRAMMAR_PROPOSERS, ForcedTokens, with_grammar
 from specdec.runtime.config import model_dir, optional_model_dir
 
 if TYPE_CHECKING:
@@ -40,7 +44,7 @@ if TYPE_CHECKING:
 DEFAULT_RESULTS = RESULTS_DIR / "latest.json"
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 K_VALUES = (1, 2, 3, 4, 6, 8)
-PROPOSERS = ("ngram", "suffix", "model", "hybrid")
+PROPOSERS = ("ngram", "suffix", "model", "hybrid", *GRAMMAR_PROPOSERS)
 MODEL_PROPOSERS = ("model", "hybrid")  # run the draft model (--draft)
 
 
@@ -51,7 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--draft", default="", type=optional_model_dir,
                    help="draft model directory (the 'model' and 'hybrid' proposers)")
     p.add_argument("--method", default="", choices=["", *PROPOSERS],
-                   help="try only this proposer; default: ngram and suffix, and model and hybrid when --draft is given")
+                   help="try only this proposer; default: ngram and suffix, model and hybrid when --draft is given, "
+                        "grammar and suffix+grammar when --forced-share is given")
     p.add_argument("--prompts", required=True,
                    help="your prompts, in the order traffic brings them: a .jsonl in bench/workloads format, or a "
                         "text file with one prompt a line")
@@ -68,6 +73,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a `python -m bench verify-cost` JSON; default: measure t(n)/t(1) here, on the target")
     p.add_argument("--verify-cost-repeats", type=int, default=6, help="sweeps of the in-process measurement")
     p.add_argument("--no-measure", action="store_true", help="skip the measured in-process speedups")
+    p.add_argument("--forced-share", type=float, default=0.0,
+                   help="structured outputs: the share of output tokens the schema forces (grammar alone's accepted / "
+                        "output in `python -m tools.grammar_draft_check`); 0: the grammar drafter is not considered")
+    p.add_argument("--forced-run", type=float, default=ForcedTokens.run,
+                   help="forced tokens per grammar draft (its draft tokens / drafts)")
+    p.add_argument("--forced-acceptance", type=float, default=ForcedTokens.acceptance,
+                   help="the share of forced draft tokens the target accepts")
     p.add_argument("--no-prepack-weights", action="store_true",
                    help="run the target on torch's own linear kernels (the verifier's --prepack-weights false); by "
                         "default its linears are prepacked for oneDNN, as the verifier runs them on CPU in float32")
@@ -257,6 +269,32 @@ def predict_table(runs, drafts: replay.Drafts, c_model: float | None, target_ste
                       "block": stats.drafted / stats.drafts if stats.drafts else 0.0,
                       "no_draft_share": 1 - stats.drafts / max(1, stats.rounds),
                       "tokens_per_round": stats.tokens / max(1, stats.rounds), "c": c, "d": d,
+                      "tokens": stats.tokens, "rounds_by_block": dict(stats.rounds_by_block),
+                      "predicted": speedup_model.with_prefill(service, prefill_share),
+                      "predicted_in_process": speedup_model.with_prefill(local, prefill_share)})
+    return table
+
+
+def grammar_table(name: str, suffix_table: list[dict] | None, tokens: int, forced: ForcedTokens, curve, rho: float,
+                  rho_off: float, prefill_share: float) -> list[dict]:
+    """Per k: the grammar drafter's predicted rounds and speedup, alone (name 'grammar') or in the suffix table's
+    no-draft rounds ('suffix+grammar'); the grammar's matcher cost is taken as nil beside a target step."""
+    table = []
+    for k in K_VALUES:
+        row = next((r for r in suffix_table if r["k"] == k), None) if suffix_table else None
+        base = dict(row["rounds_by_block"]) if row else {0: float(tokens)}
+        out = row["tokens"] if row else tokens
+        d = row["d"] if row else 0.0
+        rounds = with_grammar(out, base, forced, k)
+        count = sum(rounds.values())
+        drafted = sum(b * n for b, n in rounds.items())
+        drafts = sum(n for b, n in rounds.items() if b)
+        service = speedup_model.predicted_speedup_of_rounds(out, rounds, curve, 0.0, rho + d, rho_off)
+        local = speedup_model.predicted_speedup_of_rounds(out, rounds, curve, 0.0, d)
+        accepted = out - count  # every round emits its accepted tokens and one more
+        table.append({"k": k, "acceptance_rate": accepted / drafted if drafted else 0.0,
+                      "block": drafted / drafts if drafts else 0.0, "no_draft_share": rounds.get(0, 0.0) / count,
+                      "tokens_per_round": out / count, "c": 0.0, "d": d, "tokens": out, "rounds_by_block": rounds,
                       "predicted": speedup_model.with_prefill(service, prefill_share),
                       "predicted_in_process": speedup_model.with_prefill(local, prefill_share)})
     return table
@@ -308,7 +346,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.method in MODEL_PROPOSERS and not args.draft:
         print(f"--method {args.method} needs --draft DIR", file=sys.stderr)
         return 2
-    names = [args.method] if args.method else ["ngram", "suffix"] + (list(MODEL_PROPOSERS) if args.draft else [])
+    forced = None
+    if args.forced_share or args.method in GRAMMAR_PROPOSERS:
+        forced = ForcedTokens(args.forced_share, args.forced_run, args.forced_acceptance)
+        if forced.problems():
+            print("; ".join(forced.problems()) + " (the grammar drafter's figures: python -m tools.grammar_draft_check)",
+                  file=sys.stderr)
+            return 2
+    names = [args.method] if args.method else ["ngram", "suffix"] + (list(MODEL_PROPOSERS) if args.draft else []) \
+        + (list(GRAMMAR_PROPOSERS) if forced else [])
     # OpenMP reads this when torch loads: spinning threads make a busy, shared machine collapse (docs/benchmark.md).
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     import torch
@@ -326,7 +372,7 @@ def main(argv: list[str] | None = None) -> int:
     if not names:
         print("\nrecommendation: " + recommend(models.mismatch, {}, args.default_k, None))
         return 0
-    tables, drafts, runs, prompts, eos = predict(args, models, names)
+    tables, drafts, runs, prompts, eos = predict(args, models, names, forced)
     measured = None if args.no_measure else measure(models, names, tables, drafts, runs, prompts, eos)
     print("\nrecommendation: " + recommend(models.mismatch, tables, args.default_k, measured))
     return 0
@@ -383,7 +429,7 @@ def print_memory(args: argparse.Namespace, configs: dict) -> None:
     print(f"memory total: {gib(total)}")
 
 
-def predict(args: argparse.Namespace, models: Models, names: list[str]):
+def predict(args: argparse.Namespace, models: Models, names: list[str], forced: ForcedTokens | None = None):
     """One plain greedy run of the prompts, the verify-cost curve, and each draft's predicted table over k."""
     import torch
 
@@ -419,9 +465,21 @@ def predict(args: argparse.Namespace, models: Models, names: list[str]):
     uses_model = set(names) & set(MODEL_PROPOSERS)
     c_model = step_time(models.draft, context) / target_step if uses_model else None
     tables = {}
+    suffix_table = None
     for name in names:
-        table = predict_table(runs, drafts[name], c_model if name in MODEL_PROPOSERS else None, target_step, curve,
-                              rho, rho_off, prefill_share)
+        if name in GRAMMAR_PROPOSERS:
+            if name == "suffix+grammar" and suffix_table is None:
+                suffix_table = predict_table(runs, drafts["suffix"], None, target_step, curve, rho, rho_off,
+                                             prefill_share)
+            table = grammar_table(name, suffix_table if name == "suffix+grammar" else None,
+                                  sum(len(c) for _, c in runs), forced, curve, rho, rho_off, prefill_share)
+            print(f"\n{name}: forced share {forced.share:.2f}, {forced.run:.1f} forced tokens a draft, accepted "
+                  f"{forced.acceptance:.2f} (given; predicted only: not replayed or measured here)")
+        else:
+            table = predict_table(runs, drafts[name], c_model if name in MODEL_PROPOSERS else None, target_step,
+                                  curve, rho, rho_off, prefill_share)
+            if name == "suffix":
+                suffix_table = table
         tables[name] = table
         print(f"\n{name}: c = {table[0]['c']:.4f} per drafted token, d = {statistics.median(r['d'] for r in table):.4f} "
               "per round (draft time over the target step)")
@@ -439,7 +497,7 @@ def measure(models: Models, names: list[str], tables: dict, drafts: dict, runs, 
     """Each draft's in-process speedup at its best predicted k, against its prediction."""
     eos_set = set(eos) if isinstance(eos, (list, tuple)) else {eos}
     best = {name: max(table, key=lambda row: row["predicted"]) for name, table in tables.items()}
-    plan = {name: (drafts[name], best[name]["k"]) for name in names if name != "model"}
+    plan = {name: (drafts[name], best[name]["k"]) for name in names if name not in ("model", *GRAMMAR_PROPOSERS)}
     measured = loop_speedups(models.target, runs, prompts, plan, eos_set) if plan else {}
     if "model" in names:
         measured["model"] = hf_assisted_speedup(models.target, models.draft, models.target_tok, prompts,

@@ -9,8 +9,13 @@ Each is a sequence of requests played in order, shaped like production traffic t
   the conversation so far (earlier tool calls and their results), the answer the next tool call
   as JSON;
 - sql: one shared schema, 22 questions;
-- faq: a support bot's fixed facts, 24 questions with exact repeats and near-duplicates.
-Everything is fixed text (no randomness); a test checks the shipped files are what this writes.
+- faq: a support bot's fixed facts, 24 questions with exact repeats and near-duplicates;
+and one more, not in the default run (bench.core.workloads.EXTRA_WORKLOADS):
+- function_calling: an assistant with 6 tools, 24 requests, each answered with one call
+  {"name": TOOL, "arguments": {...}}.
+The lines of extraction, agent_loop and function_calling carry a "schema": the JSON Schema of the answer
+(structured outputs; a tool call's arguments constrained by the tool's schema). Everything is fixed text (no
+randomness); a test checks the shipped files are what this writes.
 """
 
 from __future__ import annotations
@@ -29,6 +34,14 @@ EXTRACTION_EXAMPLE = ('Record: Invoice 12 from Blue Ltd, Leeds, 5 January 2024, 
 EXTRACTION_INSTRUCTION = ("Extract the record into one line of JSON. Use exactly this schema and key order, null "
                           "for anything the record does not say, and output only the JSON.\n\nSchema: "
                           + EXTRACTION_SCHEMA + "\n\nExample:\n" + EXTRACTION_EXAMPLE + "\n\nRecord: ")
+_NULLABLE_STRING = {"anyOf": [{"type": "string"}, {"type": "null"}]}
+# The prompts' schema ("Use exactly this schema and key order"), as a JSON Schema.
+EXTRACTION_JSON_SCHEMA = {
+    "type": "object", "properties": {
+        "kind": {"enum": ["invoice", "person", "product", "order", "event"]}, "name": {"type": "string"},
+        "date": _NULLABLE_STRING, "amount": {"anyOf": [{"type": "number"}, {"type": "null"}]},
+        "currency": _NULLABLE_STRING, "city": _NULLABLE_STRING, "email": _NULLABLE_STRING},
+    "required": ["kind", "name", "date", "amount", "currency", "city", "email"], "additionalProperties": False}
 EXTRACTION_RECORDS = [
     ("invoice_nordlicht", "Invoice INV-2024-0113 from Nordlicht GmbH, Hamburg, dated 12 March 2024: 1,250.00 EUR "
                           "due within 30 days. Questions to billing@nordlicht.de."),
@@ -81,6 +94,27 @@ AGENT_SYSTEM = (
     "- refund(order_id, amount, reason): refund part or all of an order\n"
     "- send_email(to, subject, body): email the customer\n"
     "- finish(summary): end the task")
+
+
+
+
+def _object(**properties) -> dict:
+    """A JSON Schema object with exactly these properties, all required, in this order."""
+    return {"type": "object", "properties": properties, "required": list(properties), "additionalProperties": False}
+
+
+STRING, INTEGER, NUMBER = {"type": "string"}, {"type": "integer"}, {"type": "number"}
+# Each tool's arguments, as the system prompt lists them.
+AGENT_TOOLS = {
+    "find_customer": _object(email=STRING), "list_orders": _object(customer_id=INTEGER),
+    "get_order": _object(order_id=INTEGER), "refund": _object(order_id=INTEGER, amount=NUMBER, reason=STRING),
+    "send_email": _object(to=STRING, subject=STRING, body=STRING), "finish": _object(summary=STRING)}
+
+
+def tool_call_schema(tools: dict[str, dict], name_key: str) -> dict:
+    """One call of one of the tools: {name_key: TOOL, "arguments": ARGS}, ARGS by that tool's schema."""
+    return {"anyOf": [_object(**{name_key: {"const": name}, "arguments": arguments})
+                      for name, arguments in tools.items()]}
 
 
 def call(tool: str, **arguments) -> str:
@@ -158,6 +192,63 @@ AGENT_TASKS = [
     ]),
 ]
 
+# --- function calling --------------------------------------------------------------------------------------------
+
+FC_TOOLS = {
+    "get_weather": _object(city=STRING, unit={"enum": ["celsius", "fahrenheit"]},
+                           days={"type": "integer", "minimum": 1, "maximum": 7}),
+    "book_flight": _object(origin=STRING, destination=STRING, date=STRING,
+                           passengers={"type": "integer", "minimum": 1, "maximum": 9},
+                           cabin={"enum": ["economy", "premium", "business"]}),
+    "set_reminder": _object(text=STRING, time=STRING, repeat={"enum": ["none", "daily", "weekly"]}),
+    "convert_currency": _object(amount=NUMBER, source=STRING, target=STRING),
+    "send_message": _object(recipient=STRING, channel={"enum": ["sms", "email", "slack"]}, body=STRING),
+    "find_restaurant": _object(city=STRING, cuisine=STRING, max_price={"type": "integer", "minimum": 1, "maximum": 4},
+                               open_now={"type": "boolean"}),
+}
+FC_SYSTEM = (
+    "You are an assistant that acts through tools. Answer every request with exactly one tool call as JSON, "
+    '{"name": TOOL, "arguments": {...}}, with the arguments in the order listed, and nothing else. Tools:\n'
+    '- get_weather(city: string, unit: "celsius" | "fahrenheit", days: integer 1-7): the forecast\n'
+    '- book_flight(origin: string, destination: string, date: "YYYY-MM-DD", passengers: integer 1-9, '
+    'cabin: "economy" | "premium" | "business"): book a flight\n'
+    '- set_reminder(text: string, time: "YYYY-MM-DD HH:MM", repeat: "none" | "daily" | "weekly"): a reminder\n'
+    "- convert_currency(amount: number, source: ISO 4217 code, target: ISO 4217 code): convert money\n"
+    '- send_message(recipient: string, channel: "sms" | "email" | "slack", body: string): send a message\n'
+    "- find_restaurant(city: string, cuisine: string, max_price: integer 1-4, open_now: boolean): find a place "
+    "to eat")
+FC_DEMO = [
+    {"role": "user", "content": "What will the weather be in Leeds over the next 2 days, in celsius?"},
+    {"role": "assistant", "content": json.dumps({"name": "get_weather", "arguments": {
+        "city": "Leeds", "unit": "celsius", "days": 2}})},
+]
+FC_REQUESTS = [
+    ("weather_oslo", "Give me the 5-day forecast for Oslo in celsius."),
+    ("flight_lisbon", "Book 2 economy seats from London to Lisbon on 2024-09-14."),
+    ("reminder_dentist", "Remind me about the dentist on 2024-08-02 at 09:30."),
+    ("convert_usd_eur", "How much is 250 US dollars in euros?"),
+    ("message_anna", "Text Anna that I'm running 10 minutes late."),
+    ("restaurant_rome", "Find a cheap pizza place in Rome that is open now."),
+    ("weather_austin", "Will it rain in Austin tomorrow? Use fahrenheit."),
+    ("flight_tokyo", "I need a business class ticket from Paris to Tokyo on 2024-11-03, just me."),
+    ("reminder_standup", "Set a daily reminder for the team standup at 2024-07-01 10:00."),
+    ("convert_gbp_jpy", "Convert 1,200 pounds sterling to Japanese yen."),
+    ("message_team", "Post on Slack to the infra team that the deploy is done."),
+    ("restaurant_tokyo", "Any sushi restaurant in Tokyo, price level up to 3, open right now?"),
+    ("weather_cairo", "What's the weekly forecast for Cairo in celsius?"),
+    ("flight_nyc", "Book a premium flight for 3 people from Boston to New York on 2024-10-20."),
+    ("reminder_rent", "Remind me to pay the rent on 2024-08-01 at 08:00 every week."),
+    ("convert_chf", "What are 75.50 Swiss francs in US dollars?"),
+    ("message_boss", "Email my boss, Mr. Lee, that the report is attached."),
+    ("restaurant_lyon", "Find an expensive French restaurant in Lyon, it doesn't need to be open now."),
+    ("weather_sydney", "Sydney weather for the next 3 days, fahrenheit please."),
+    ("flight_madrid", "One economy ticket from Berlin to Madrid on 2024-12-22."),
+    ("reminder_call", "Remind me to call mum on 2024-09-05 at 18:00."),
+    ("convert_inr", "Convert 10,000 Indian rupees to euros."),
+    ("message_sam", "Send Sam an SMS: the keys are under the mat."),
+    ("restaurant_delhi", "Find a vegetarian restaurant in Delhi at price level 2 that's open now."),
+]
+
 # --- sql -----------------------------------------------------------------------------------------------------------
 
 SQL_SCHEMA = """CREATE TABLE customers (id INTEGER PRIMARY KEY, name TEXT, email TEXT, country TEXT, created_at DATE);
@@ -230,7 +321,8 @@ FAQ_QUESTIONS = [
 
 
 def extraction() -> list[dict]:
-    return [{"id": rid, "max_tokens": 72, "prompt": EXTRACTION_INSTRUCTION + text + "\nJSON:"} for rid, text in EXTRACTION_RECORDS]
+    return [{"id": rid, "max_tokens": 72, "prompt": EXTRACTION_INSTRUCTION + text + "\nJSON:",
+             "schema": EXTRACTION_JSON_SCHEMA} for rid, text in EXTRACTION_RECORDS]
 
 
 def agent_loop() -> list[dict]:
@@ -240,8 +332,15 @@ def agent_loop() -> list[dict]:
             messages = [*AGENT_DEMO, {"role": "user", "content": task}]
             for tool_call, tool_result in turns[:t]:
                 messages += [{"role": "assistant", "content": tool_call}, {"role": "user", "content": tool_result}]
-            lines.append({"id": f"{task_id}_{t + 1}", "max_tokens": 64, "system": AGENT_SYSTEM, "messages": messages})
+            lines.append({"id": f"{task_id}_{t + 1}", "max_tokens": 64, "system": AGENT_SYSTEM, "messages": messages,
+                          "schema": tool_call_schema(AGENT_TOOLS, "tool")})
     return lines
+
+
+def function_calling() -> list[dict]:
+    return [{"id": rid, "max_tokens": 64, "system": FC_SYSTEM,
+             "messages": [*FC_DEMO, {"role": "user", "content": request}],
+             "schema": tool_call_schema(FC_TOOLS, "name")} for rid, request in FC_REQUESTS]
 
 
 def sql() -> list[dict]:
@@ -254,7 +353,8 @@ def faq() -> list[dict]:
             for i, question in enumerate(FAQ_QUESTIONS)]
 
 
-WORKLOADS = {"extraction": extraction, "agent_loop": agent_loop, "sql": sql, "faq": faq}
+WORKLOADS = {"extraction": extraction, "agent_loop": agent_loop, "sql": sql, "faq": faq,
+             "function_calling": function_calling}
 
 
 def main() -> None:

@@ -19,11 +19,8 @@ import threading
 
 import torch
 
+from specdec.runtime.limits import constraint_problems
 from specdec.v1 import common_pb2
-
-# A constraint's text (schema, regex, grammar, choices) above this is refused before compiling: compile
-# time and memory grow with it, and no real schema comes close.
-MAX_CONSTRAINT_BYTES = 64 * 1024
 # xgrammar's errors start with a time and its C++ source line ("[18:54:12] /project/cpp/x.cc:83: "): not for users.
 XGRAMMAR_LOG_PREFIX = re.compile(r"^\[[\d:]+\] \S+:\d+: ")
 CONTROL = re.compile("[\x00-\x1f]")
@@ -79,15 +76,6 @@ def constraint_set(constraint: common_pb2.Constraint | None) -> bool:
 def constraint_key(constraint: common_pb2.Constraint) -> str:
     """A stable hash of the constraint (the cache's key)."""
     return hashlib.sha256(constraint.SerializeToString(deterministic=True)).hexdigest()
-
-
-def _size(constraint: common_pb2.Constraint) -> int:
-    kind = constraint.WhichOneof("kind")
-    if kind == "choice":
-        return sum(len(v.encode()) for v in constraint.choice.values)
-    if kind == "json_object":
-        return 0
-    return len(getattr(constraint, kind).encode())
 
 
 def constraint_grammar(constraint: common_pb2.Constraint):
@@ -177,9 +165,9 @@ class GrammarCompiler:
         kind = constraint.WhichOneof("kind")
         if kind is None:
             raise GrammarError("constraint: set one of json_schema, json_object, regex, choice, grammar")
-        size = _size(constraint)
-        if size > MAX_CONSTRAINT_BYTES:
-            raise GrammarError(f"constraint.{kind} is {size} bytes, over the limit of {MAX_CONSTRAINT_BYTES}")
+        problems = constraint_problems(constraint)
+        if problems:
+            raise GrammarError(problems[0])
         key = constraint_key(constraint)
         with self._lock:
             if key in self._cache:

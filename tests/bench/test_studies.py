@@ -277,6 +277,24 @@ def test_advisor_on_tiny_pair_compares_proposers(tiny_pair, tmp_path, capsys):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_advisor_predicts_the_grammar_drafter_from_its_forced_share(tiny_pair, tmp_path, capsys):
+    from bench.replay.advise import main
+
+    common = ["--target", str(tiny_pair[0]), "--prompts", str(WORKLOAD_DIR / "extraction.jsonl"), "--max-prompts",
+              "2", "--max-tokens", "8", "--context", "256", "--rho", "0.1", "--verify-cost-repeats", "2",
+              "--dtype", "float32", "--no-measure"]
+    assert main([*common, "--forced-share", "0.4", "--forced-run", "5", "--forced-acceptance", "0.8"]) == 0
+    out = capsys.readouterr().out
+    for name in ("ngram", "suffix", "grammar", "suffix+grammar"):
+        assert f"\n{name}: c = " in out
+    assert "suffix+grammar: forced share 0.40, 5.0 forced tokens a draft, accepted 0.80 (given; predicted only" in out
+    assert out.split("recommendation: ", 1)[1].startswith(("USE", "DON'T"))
+    assert main([*common, "--method", "grammar"]) == 2  # the grammar needs its forced share
+    assert "--forced-share must be in (0, 1]" in capsys.readouterr().err
+
+
+@pytest.mark.slow
 def test_advisor_refuses_a_draft_with_another_tokenizer(tiny_pair, tmp_path, capsys):
     from bench.replay.advise import main
     from devkit.testing import build_other_tokenizer_model

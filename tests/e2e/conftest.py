@@ -1,5 +1,7 @@
 """The three services as real processes on free ports, over tiny seeded models."""
 
+import shutil
+
 import grpc
 import pytest
 
@@ -25,3 +27,21 @@ def stack(request, tiny_pair, tmp_path_factory):
         channel = grpc.insecure_channel(services["gateway"].address)
         yield request.param, services, gateway_pb2_grpc.GatewayStub(channel)
         channel.close()
+
+
+# SmolLM2's template is ChatML; the tiny test tokenizer has none, so the tests that chat give it this one.
+CHATML = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>\n' }}{% endfor %}"
+          "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+
+
+@pytest.fixture(scope="session")
+def chat_target(tiny_pair, tmp_path_factory):
+    """A copy of the tiny target whose tokenizer has a ChatML chat template."""
+    from transformers import AutoTokenizer
+
+    target = tmp_path_factory.mktemp("chat") / "tiny-target-chat"
+    shutil.copytree(tiny_pair[0], target)
+    tokenizer = AutoTokenizer.from_pretrained(target)
+    tokenizer.chat_template = CHATML
+    tokenizer.save_pretrained(target)
+    return target

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import shutil
 import time
 import urllib.error
 import urllib.request
@@ -32,9 +31,6 @@ pytestmark = pytest.mark.slow
 API_KEY = "sk-openai-e2e-5d1f"
 MAX_TOKENS = 24
 MAX_SEQUENCES = 2
-# SmolLM2's template is ChatML; the tiny test tokenizer has none, so the test gives it this one.
-CHATML = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>\n' }}{% endfor %}"
-          "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
 PROMPTS = [
     "The quick brown fox jumps over the lazy dog. The quick",
     "def add(a, b):\n    return",
@@ -91,19 +87,6 @@ class Api:
             if not any(live.values()) or time.monotonic() > deadline:
                 return live
             time.sleep(0.1)
-
-
-@pytest.fixture(scope="module")
-def chat_target(tiny_pair, tmp_path_factory):
-    """A copy of the tiny target whose tokenizer has a ChatML chat template."""
-    from transformers import AutoTokenizer
-
-    target = tmp_path_factory.mktemp("chat") / "tiny-target-chat"
-    shutil.copytree(tiny_pair[0], target)
-    tokenizer = AutoTokenizer.from_pretrained(target)
-    tokenizer.chat_template = CHATML
-    tokenizer.save_pretrained(target)
-    return target
 
 
 @pytest.fixture(scope="module")

@@ -17,6 +17,7 @@ from gateway.http_server import start_http
 from gateway.openai_api import ServedModel, create_app
 from gateway.validation import ModelLimits
 from specdec.runtime.config import ServerConfig
+from specdec.runtime.limits import MAX_CONSTRAINT_BYTES
 
 
 def chat(messages: int) -> bytes:
@@ -41,9 +42,19 @@ def test_many_values_are_refused_at_the_first_past_the_bound():
     with pytest.raises(BodyTooComplex) as raised:
         check_shape(chat(250_000), max_values_for(8192))
     assert raised.value.status == 413 and raised.value.code == "body_too_large"
-    assert "more than 33,792 JSON values" in raised.value.message
+    assert f"more than {max_values_for(8192):,} JSON values" in raised.value.message
+    assert max_values_for(8192) == 4 * 8192 + 1024 + MAX_CONSTRAINT_BYTES // 2
     with pytest.raises(BodyTooComplex):  # constants are not counted one by one, but their arrays are
-        check_shape(b"[" + b"null," * 40_000 + b"null]", max_values_for(8192))
+        check_shape(b"[" + b"null," * 80_000 + b"null]", max_values_for(8192))
+
+
+def test_a_schema_at_the_constraint_limit_fits_beside_a_full_prompt():
+    """A structured-outputs schema of up to MAX_CONSTRAINT_BYTES, of the smallest values JSON has, fits beside a
+    prompt of the whole context: the schema's size is refused by name later (a 400), not as a body too large."""
+    schema = {"enum": [0] * (MAX_CONSTRAINT_BYTES // 2 - 8)}
+    assert len(json.dumps(schema, separators=(",", ":"))) <= MAX_CONSTRAINT_BYTES
+    check_shape(json.dumps({"prompt": list(range(8192)), "response_format": {
+        "type": "json_schema", "json_schema": {"name": "x", "schema": schema}}}).encode(), max_values_for(8192))
 
 
 def test_deep_nesting_is_refused():

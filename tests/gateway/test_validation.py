@@ -9,7 +9,8 @@ from __future__ import annotations
 import pytest
 
 from gateway.validation import InvalidRequest, ModelLimits, check_generate_request
-from specdec.v1 import gateway_pb2
+from specdec.runtime.limits import MAX_CONSTRAINT_BYTES
+from specdec.v1 import common_pb2, gateway_pb2
 
 CAPPED = ModelLimits(vocab_size=100, max_context=64, max_prompt_tokens=10, max_token_chars=5, max_token_bytes=7)
 
@@ -51,6 +52,22 @@ def test_the_request_size_bound_holds_any_prompt_that_fits():
     ids = ids_request(CAPPED.prompt_tokens)
     ids.prompt_token_ids.ids[:] = [2**31 - 1] * CAPPED.prompt_tokens
     assert ids.ByteSize() <= CAPPED.request_bytes
+    fits.constraint.json_schema = "x" * MAX_CONSTRAINT_BYTES  # and a constraint of the largest size allowed
+    assert fits.ByteSize() <= CAPPED.request_bytes
+
+
+def test_a_constraint_over_the_size_limit_is_refused_by_name_before_the_verifier():
+    request = ids_request(8)
+    request.constraint.CopyFrom(common_pb2.Constraint(json_schema=" " * MAX_CONSTRAINT_BYTES))
+    assert check_generate_request(request, [5] * 8, CAPPED, 50, -1).constraint == request.constraint
+    request.constraint.json_schema += "{}"
+    with pytest.raises(InvalidRequest) as raised:
+        check_generate_request(request, [5] * 8, CAPPED, 50, -1)
+    assert str(raised.value).startswith(f"constraint.json_schema is {MAX_CONSTRAINT_BYTES + 2:,} bytes, over the limit "
+                                        f"of {MAX_CONSTRAINT_BYTES} bytes")
+    request.constraint.CopyFrom(common_pb2.Constraint(choice=common_pb2.Choices(values=["é" * 20_000] * 2)))
+    with pytest.raises(InvalidRequest, match="constraint.choice is 80,000 bytes"):  # UTF-8 bytes, all choices
+        check_generate_request(request, [5] * 8, CAPPED, 50, -1)
 
 
 def test_an_unset_max_tokens_is_held_to_the_room_the_prompt_leaves():

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from bench.core.workloads import (DEFAULT_WORKLOADS, EXTRA_WORKLOADS, REPETITIVE_WORKLOADS, WORKLOAD_DIR,
-                                  chatml_conversation, load_workload, parse_workloads)
+from bench.core.workloads import (DEFAULT_WORKLOADS, EXTRA_WORKLOADS, REPETITIVE_WORKLOADS, SCHEMA_WORKLOADS,
+                                  WORKLOAD_DIR, chatml_conversation, load_workload, parse_workloads)
 from specdec.decoding.chat_format import chatml
 
 
@@ -96,8 +96,43 @@ def test_shipped_files_are_what_the_generator_writes(tmp_path, monkeypatch):
     generator = _generator()
     monkeypatch.setattr(generator, "__file__", str(tmp_path / "make_repetitive.py"))
     generator.main()
-    for name in REPETITIVE_WORKLOADS:
+    for name in [*REPETITIVE_WORKLOADS, "function_calling"]:
         assert (tmp_path / f"{name}.jsonl").read_text() == (WORKLOAD_DIR / f"{name}.jsonl").read_text()
+
+
+@pytest.mark.parametrize("name", SCHEMA_WORKLOADS)
+def test_schema_workloads_carry_a_schema_their_examples_validate_against(name):
+    """Every line's schema is a JSON Schema that the prompt's own examples (the few-shot answers, the earlier tool
+    calls) validate against, and it travels to the prompt as a strict constraint."""
+    import jsonschema
+
+    prompts = load_workload(name)
+    assert len(prompts) >= 20
+    for prompt, line in zip(prompts, _lines(name)):
+        jsonschema.Draft202012Validator.check_schema(prompt.schema)
+        assert prompt.constraint().strict and json.loads(prompt.constraint().json_schema) == line["schema"]
+        answers = [m["content"] for m in line.get("messages", []) if m["role"] == "assistant"]
+        answers += [line["prompt"].rsplit("JSON: ", 1)[1].split("\n")[0]] if "prompt" in line else []
+        assert answers, line["id"]
+        for answer in answers:
+            jsonschema.validate(json.loads(answer), prompt.schema)
+
+
+def test_function_calling_constrains_each_tools_arguments():
+    """24 requests over 6 tools; an answer's arguments must follow its own tool's schema, not another's."""
+    import jsonschema
+
+    prompts = load_workload("function_calling")
+    assert len(prompts) >= 20 and len({p.id for p in prompts}) == len(prompts)
+    schema = prompts[0].schema
+    tools = {branch["properties"]["name"]["const"] for branch in schema["anyOf"]}
+    assert len(tools) == 6 and all(p.schema == schema for p in prompts)
+    jsonschema.validate({"name": "get_weather", "arguments": {"city": "Oslo", "unit": "celsius", "days": 5}}, schema)
+    for wrong in ({"name": "get_weather", "arguments": {"city": "Oslo", "unit": "kelvin", "days": 5}},
+                  {"name": "get_weather", "arguments": {"recipient": "Anna", "channel": "sms", "body": "hi"}},
+                  {"name": "get_weather", "arguments": {"city": "Oslo", "unit": "celsius", "days": 9}}):
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(wrong, schema)
 
 
 def test_conversation_format(tmp_path):

@@ -5,8 +5,9 @@ import json
 
 import pytest
 
-from specdec.decoding.grammar import MAX_CONSTRAINT_BYTES, GrammarCompiler, GrammarError, unenforced_keywords
+from specdec.decoding.grammar import GrammarCompiler, GrammarError, unenforced_keywords
 from specdec.modeling.models import load_tokenizer
+from specdec.runtime.limits import MAX_CONSTRAINT_BYTES
 from specdec.v1 import common_pb2
 
 
