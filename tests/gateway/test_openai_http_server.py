@@ -217,7 +217,8 @@ def post(port: int, body: bytes, chunked: bool = False) -> tuple[int, dict]:
 def test_bodies_larger_than_any_request_that_fits_are_refused_unread():
     """413 with OpenAI's error object, announced (Content-Length) or chunked; a body under the limit still
     reaches the API whole (its bad field is named)."""
-    big = json.dumps({"model": "tiny", "prompt": "x" * 400_000}).encode()  # limit: 64 tokens x 64 chars x 12 + 256 KiB
+    # limit: 64 tokens x 64 chars x 12 + 256 KiB + room for a structured-outputs constraint (6 x 64 KiB)
+    big = json.dumps({"model": "tiny", "prompt": "x" * 1_000_000}).encode()
 
     def calls(port):
         return post(port, big), post(port, big, chunked=True), post(port, b'{"model": "tiny", "prompt": 5}'), \

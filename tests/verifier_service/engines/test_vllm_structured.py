@@ -135,6 +135,8 @@ def test_grammar_invalid_drafts_are_cut_by_vllm_and_never_accepted(vllm_pair, vl
     calls = [tuple(map(int, line.split())) for line in validate_log.read_text().splitlines()]
     print(f"figure: vLLM validate_tokens: {len(calls)} constrained blocks, {sum(d for d, _ in calls)} draft tokens, "
           f"{sum(k for _, k in calls)} kept; {drafted} drafted by our count")
-    assert drafted > 0 and calls, "no draft reached vLLM: the test shows nothing"
+    assert calls and sum(d for d, _ in calls) > 0, "no draft reached vLLM: the test shows nothing"
     assert all(kept == 0 for _, kept in calls), "vLLM kept a grammar-invalid draft token"
-    assert sum(d for d, _ in calls) == drafted
+    # the drafts enter through the scheduler (`update_draft_token_ids`), which validates them first: the rounds are
+    # recorded from what the step verified, so our count is what vLLM kept
+    assert drafted == sum(kept for _, kept in calls) == 0
