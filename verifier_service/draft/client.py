@@ -263,11 +263,12 @@ class DraftSession:
         self.stream: ProposeStream | None = None  # the Propose stream, once opened
         self.synced = 0  # tokens[:synced] are known to be identical in the draft
         self.ahead = AheadCounts()
-        self.prefetched: tuple[int, int, int] | None = None  # an unanswered prefetch: (round, tokens before it, k asked)
+        # an unanswered prefetch: (round, tokens before it, k asked, when it was asked: None for a stream's first ask,
+        # whose answer time is mostly the prompt's)
+        self.prefetched: tuple[int, int, int, float | None] | None = None
         # The stream's first round timed out while the draft read the prompt: its answer is taken as a prefetch's when
         # it comes (`at_hand`), and no round waits for it meanwhile (each decodes a plain step)
         self.reading_prompt = False
-        self.prefetch_sent_at: float | None = None  # when the unanswered prefetch was asked (None: a prompt's first ask)
         # The last prefetch's answer time, for the draft's pace (`RequestSpeculation.record`): (k asked, seconds from
         # the ask to its answer or to giving up on it, answered, the answer was sized by the draft's evidence)
         self.prefetch_timing: tuple[int, float, bool, bool] | None = None
@@ -350,8 +351,7 @@ class DraftSession:
         except STREAM_ERRORS as exc:
             return self._round_failed(stream, exc)
         self.synced = len(tokens)
-        self.prefetched = (round_, len(tokens), k)
-        self.prefetch_sent_at = time.perf_counter()
+        self.prefetched = (round_, len(tokens), k, time.perf_counter())
         return ""
 
     async def at_hand(self, tokens: list[int], k: int,
@@ -374,8 +374,7 @@ class DraftSession:
                 return None, None
             self.reading_prompt = False
             self.link.backoff.succeeded()  # the draft was slow to read a long prompt, not gone
-        (round_, base, asked), self.prefetched = self.prefetched, None
-        sent_at, self.prefetch_sent_at = self.prefetch_sent_at, None
+        (round_, base, asked, sent_at), self.prefetched = self.prefetched, None
         wait_s = self.link.timeout_s if wait_s is None else wait_s
         try:
             response = await asyncio.wait_for(stream.answer(round_), wait_s)
@@ -417,8 +416,7 @@ class DraftSession:
         answers backs off other sequences); the answer, when it comes, clears it."""
         self.link.failed(asyncio.TimeoutError(), waited_s)
         self.synced = len(tokens)
-        self.prefetched = (stream.round, len(tokens), k)
-        self.prefetch_sent_at = None  # its answer time is mostly the prompt's: it does not time the draft's blocks
+        self.prefetched = (stream.round, len(tokens), k, None)  # its answer time does not time the draft's blocks
         self.reading_prompt = True
         log.info("request %s: the draft is still reading the prompt after %.0f ms; decoding plainly until it answers",
                  self.request_id, waited_s * 1000)

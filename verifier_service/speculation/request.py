@@ -176,11 +176,11 @@ class RequestSpeculation:
     def _verified(self, block: DraftBlock, reason: str, k: int) -> tuple[DraftBlock, str]:
         """The block as it will be verified, and why it is empty where it is: only as far as the policy finds its
         tokens pay (`SpeculationPolicy.cut_block`), so none of a block too weak to pay ("weak_draft"). A block the
-        draft sized by its evidence, longer than the k asked, is cut likewise, and never past the policy's largest k
-        (or past k, where the policy did not choose k: a request's fixed k, a retry)."""
+        draft sized by its evidence, longer than the k asked, is cut likewise (never past the policy's largest k), or,
+        where the policy did not choose k (a request's fixed k, a retry), to k."""
         n = self.policy.cut_block(len(block.token_ids), block.num_chained, block.num_forced, block.sized_by_draft)
-        if block.sized_by_draft:
-            n = min(n, self.policy.max_k if self.policy.cut_times is not None else k)
+        if block.sized_by_draft and self.policy.cut_times is None:
+            n = min(n, k)
         self.block = block.cut(n)
         return self.block, reason or ("weak_draft" if block.token_ids and not self.block.token_ids else "")
 
