@@ -30,7 +30,7 @@ def build_servicer(cfg: DraftConfig) -> DraftServicer:
         tokenizer = models.load_tokenizer(cfg.model)
         inner = None if cfg.method == "grammar" else servicer.proposer
         servicer.proposer = GrammarProposer(inner, tokenizer, servicer.info.vocab_size,
-                                            list(servicer.info.eos_token_ids))
+                                            list(servicer.info.eos_token_ids), cfg.grammar_compile_timeout_s)
     return servicer
 
 

@@ -8,6 +8,7 @@ from draft_service.faults import FaultInjection
 from draft_service.hybrid import HybridConfig
 from draft_service.replay import BenchmarkDrafts
 from draft_service.suffix import SuffixConfig
+from specdec.decoding.grammar import GrammarCompileConfig
 from specdec.runtime.config import InternalServiceConfig, ModelConfig, option
 
 # The methods that run a draft model: --model is its directory (for the others, the target's tokenizer)
@@ -15,7 +16,8 @@ MODEL_METHODS = ("model", "hybrid")
 
 
 @dataclasses.dataclass(frozen=True)
-class DraftConfig(ModelConfig, SuffixConfig, HybridConfig, FaultInjection, BenchmarkDrafts, InternalServiceConfig):
+class DraftConfig(ModelConfig, SuffixConfig, HybridConfig, GrammarCompileConfig, FaultInjection, BenchmarkDrafts,
+                  InternalServiceConfig):
     """Draft proposer"""
 
     model: str = option("", "draft model dir (method=model or hybrid), or the tokenizer dir the n-gram proposer "
@@ -42,5 +44,6 @@ class DraftConfig(ModelConfig, SuffixConfig, HybridConfig, FaultInjection, Bench
     def __post_init__(self):
         SuffixConfig.__post_init__(self)
         HybridConfig.__post_init__(self)
+        GrammarCompileConfig.__post_init__(self)
         FaultInjection.__post_init__(self)
         BenchmarkDrafts.__post_init__(self)

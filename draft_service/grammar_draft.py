@@ -34,7 +34,8 @@ import torch
 
 from draft_service.proposer import DraftSequence, Proposer
 from specdec.decoding.draft_block import DraftBlock
-from specdec.decoding.grammar import GrammarBusy, GrammarCompiler, SequenceGrammar, constraint_set
+from specdec.decoding.grammar import (GrammarBusy, GrammarCompileConfig, GrammarCompiler, SequenceGrammar,
+                                     constraint_set)
 from specdec.decoding.sampling import SamplingParams
 from specdec.runtime import metrics
 from specdec.v1 import common_pb2
@@ -201,14 +202,15 @@ class GrammarProposer(Proposer):
 
     takes_constraints = True
 
-    def __init__(self, inner: Proposer | None, tokenizer, vocab_size: int, stop_token_ids: list[int]):
+    def __init__(self, inner: Proposer | None, tokenizer, vocab_size: int, stop_token_ids: list[int],
+                 compile_timeout_s: float = GrammarCompileConfig.grammar_compile_timeout_s):
         self.inner = inner
         self.method = inner.method if inner is not None else "grammar"
         self.inline = inner.inline if inner is not None else True
         # alone, it drafts only where text is forced, and none elsewhere: ask it for its longest block
         self.sizes_blocks = inner.sizes_blocks if inner is not None else True
         self.tokenizer = tokenizer
-        self.compiler = GrammarCompiler(tokenizer, vocab_size, stop_token_ids)
+        self.compiler = GrammarCompiler(tokenizer, vocab_size, stop_token_ids, compile_timeout_s)
 
     def start(self, prompt_ids: list[int], sampling: SamplingParams, return_probs: bool, tenant: str = "",
               constraint: common_pb2.Constraint | None = None, output_start: int | None = None,

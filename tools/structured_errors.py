@@ -32,6 +32,12 @@ def _big_schema(target_bytes: int) -> dict:
     return {"type": "object", "properties": properties}
 
 
+def _optional_schema(count: int) -> dict:
+    """A valid schema under the size cap whose compile takes long: many optional properties (xgrammar's compile
+    grows faster than linearly in their number, whatever the vocabulary; 2,000 take about a minute)."""
+    return {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(count)}}
+
+
 def json_schema(schema) -> dict:
     return {"response_format": {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}}}
 
@@ -64,6 +70,8 @@ def cases() -> list[Case]:
             _big_schema(2 * MAX_CONSTRAINT_BYTES)), f"over the limit of {MAX_CONSTRAINT_BYTES} bytes"),
         Case("oversized schema (~1 MB)", json_schema(_big_schema(1024 * 1024)),
              f"over the limit of {MAX_CONSTRAINT_BYTES} bytes", unread="refused unread"),
+        Case("schema too complex to compile in time (2,000 optional properties, under the size cap)",
+             json_schema(_optional_schema(2000)), "constraint.json_schema is too complex"),
         Case("regex that does not compile", {"structured_outputs": {"regex": "(a[0-9"}},
              "constraint.regex does not compile"),
         Case("grammar that does not parse", {"structured_outputs": {"grammar": "root ::= (\"a\""}},
@@ -138,7 +146,11 @@ def main(argv=None) -> int:
     print(table(rows))
     if args.out:
         pathlib.Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        pathlib.Path(args.out).write_text(json.dumps({"rows": rows}, indent=1) + "\n")
+        from bench.core.machine import cpu_model_and_flags
+
+        cpu, flags = cpu_model_and_flags()
+        machine = {"cpu": cpu, "cpu_flags": sorted(f for f in flags if f.startswith(("avx", "amx", "fma")))}
+        pathlib.Path(args.out).write_text(json.dumps({"machine": machine, "rows": rows}, indent=1) + "\n")
         print(f"wrote {args.out}")
     return 0 if all(row["ok"] for row in rows) else 1
 

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 
+from specdec.decoding.grammar import GrammarCompileConfig
 from specdec.runtime.config import InternalServiceConfig, ModelConfig, option
 
 
 @dataclasses.dataclass(frozen=True)
-class VerifierConfig(ModelConfig, InternalServiceConfig):
+class VerifierConfig(ModelConfig, GrammarCompileConfig, InternalServiceConfig):
     """Target model and speculation"""
 
     model: str = option("", "target model: a local directory (or a hub id where a hub is reachable)")

@@ -99,7 +99,8 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServiceServicer):
                 "use the transformers engine (--engine transformers) or send the request without a constraint"))
         if self._grammar_compiler is None:
             self._grammar_compiler = GrammarCompiler(self.tokenizer, self.engine.vocab_size,
-                                                     list(self.info.eos_token_ids))
+                                                     list(self.info.eos_token_ids),
+                                                     self.config.grammar_compile_timeout_s)
         try:
             compiled = await self._grammar_compiler.compile(constraint)
         except GrammarError as exc:

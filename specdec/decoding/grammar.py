@@ -1,7 +1,8 @@
 """Structured outputs: a Constraint (common.proto) compiled by xgrammar, and one sequence's grammar matcher.
 
 `GrammarCompiler` turns a Constraint into a compiled grammar for one tokenizer, on a worker thread, with
-a size cap and a cache keyed by a hash of the constraint. `SequenceGrammar` holds one sequence's matcher:
+a size cap, a deadline (the compile runs in a child process that is killed past it: grammar_worker.py) and a cache
+keyed by a hash of the constraint. `SequenceGrammar` holds one sequence's matcher:
 per round it walks the draft (cutting it at the first token the grammar forbids), masks the target's
 logits row by row, and after the verdict rolls back to the accepted length and takes the next token, so
 the matcher's position moves with the KV cache's.
@@ -12,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
+import dataclasses
 import hashlib
 import json
 import re
@@ -19,8 +21,11 @@ import threading
 
 import torch
 
+from specdec.decoding.grammar_worker import CompileFailed, CompileTimeout, CompileWorker
+from specdec.runtime.config import option
 from specdec.runtime.limits import constraint_problems
 from specdec.v1 import common_pb2
+
 # xgrammar's errors start with a time and its C++ source line ("[18:54:12] /project/cpp/x.cc:83: "): not for users.
 XGRAMMAR_LOG_PREFIX = re.compile(r"^\[[\d:]+\] \S+:\d+: ")
 CONTROL = re.compile("[\x00-\x1f]")
@@ -59,6 +64,20 @@ def unenforced_keywords(schema, path: str = "#") -> list[str]:
             for i, sub in enumerate(schema[key]):
                 found += unenforced_keywords(sub, f"{path}/{key}/{i}")
     return found
+
+
+@dataclasses.dataclass(frozen=True)
+class GrammarCompileConfig:
+    """Structured outputs"""
+
+    grammar_compile_timeout_s: float = option(
+        10.0, "a constraint whose grammar takes longer than this to compile is refused as too complex (the compile "
+              "runs in a child process, killed at the deadline, so it holds no queue); the size caps do not bound "
+              "the compile time: a schema of 2,000 optional properties takes about a minute")
+
+    def __post_init__(self):
+        if self.grammar_compile_timeout_s <= 0:
+            raise ValueError(f"--grammar-compile-timeout-s must be positive, got {self.grammar_compile_timeout_s}")
 
 
 class GrammarError(ValueError):
@@ -114,28 +133,38 @@ def constraint_grammar(constraint: common_pb2.Constraint):
     except GrammarError:
         raise
     except (RuntimeError, ValueError, TypeError) as exc:  # xgrammar's parse and schema errors
-        message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        message = XGRAMMAR_LOG_PREFIX.sub("", message)
-        raise GrammarError(f"constraint.{kind} does not compile: {message}") from None
+        raise GrammarError(f"constraint.{kind} does not compile: {xgrammar_message(exc)}") from None
+
+
+def xgrammar_message(exc: Exception) -> str:
+    """An xgrammar error's first line, without its log prefix."""
+    message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return XGRAMMAR_LOG_PREFIX.sub("", message)
 
 
 class GrammarCompiler:
     """Compiles constraints for one tokenizer; thread safe; caches by constraint hash."""
 
-    def __init__(self, tokenizer, vocab_size: int, stop_token_ids: list[int]):
-        """vocab_size: the model's (its logits' width, which may exceed the tokenizer's)."""
+    def __init__(self, tokenizer, vocab_size: int, stop_token_ids: list[int],
+                 timeout_s: float = GrammarCompileConfig.grammar_compile_timeout_s):
+        """vocab_size: the model's (its logits' width, which may exceed the tokenizer's); timeout_s: a compile's
+        deadline (GrammarCompileConfig)."""
         import xgrammar
 
         self._xgr = xgrammar
         self.vocab_size = vocab_size
         self.stop_token_ids = list(stop_token_ids)
-        self._compiler = None  # xgrammar's, over the tokenizer's vocabulary: built at the first compile (its thread)
+        self.timeout_s = timeout_s
+        self._worker: CompileWorker | None = None  # its child process (on the compile thread, which owns it)
         self._tokenizer = tokenizer
         self._control_tokens: frozenset[int] | None = None  # built at the first JSON constraint
         self._cache: collections.OrderedDict[str, object] = collections.OrderedDict()
         self._lock = threading.Lock()
         self._thread = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar-compile")
         self._pending = 0
+        # the child starts now, in the background (importing xgrammar takes seconds): the first constraint should
+        # not wait for it, and a draft that does not wait for its grammar would draft the first requests without it
+        self._thread.submit(self._started_worker)
 
     async def compile(self, constraint: common_pb2.Constraint):
         """The compiled grammar: from the cache at once, else compiled on the compile thread (the event loop
@@ -181,11 +210,31 @@ class GrammarCompiler:
         return compiled
 
     def _compile(self, kind: str, constraint: common_pb2.Constraint):
-        if self._compiler is None:  # once, on the compile thread: it reads the whole vocabulary
+        try:
+            return self._started_worker().compile(constraint)
+        except CompileTimeout:  # the child was killed: its successor starts now, not at the next compile
+            self._thread.submit(self._started_worker)
+            raise GrammarError(
+                f"constraint.{kind} is too complex: its grammar did not compile within {self.timeout_s:g} s "
+                "(--grammar-compile-timeout-s); simplify it (fewer optional properties or alternatives, "
+                "shallower nesting)") from None
+        except CompileFailed as exc:
+            raise GrammarError(str(exc) if str(exc).startswith("constraint.")
+                               else f"constraint.{kind}: {exc}") from None
+
+    def _started_worker(self) -> CompileWorker:
+        """On the compile thread: the worker, its child started (a failed start is retried at the next compile)."""
+        if self._worker is None:  # once: it reads the whole vocabulary
             info = self._xgr.TokenizerInfo.from_huggingface(self._tokenizer, vocab_size=self.vocab_size,
                                                             stop_token_ids=self.stop_token_ids)
-            self._compiler = self._xgr.GrammarCompiler(info, max_threads=1)
-        return self._compiler.compile_grammar(constraint_grammar(constraint))
+            self._worker = CompileWorker(info, self.timeout_s)
+        self._worker.start()
+        return self._worker
+
+    def close(self) -> None:
+        """Stop the compile child (a later compile starts a new one)."""
+        if self._worker is not None:
+            self._worker.close()
 
     def matcher(self, compiled, constraint: common_pb2.Constraint | None = None) -> SequenceGrammar:
         """A fresh matcher for one sequence. A JSON constraint also bans tokens holding a raw control character:

@@ -3,7 +3,9 @@ seeded models, the transformers engine): a bad schema, an unsupported keyword, a
 limit, and 1 MB), a regex and a grammar that do not compile, and two malformed requests are each a 400 whose
 message names the problem (the 1 MB body is larger than any request the tiny model's 512-token context can take,
 so it is a 413 refused unread; on SmolLM2 it reaches the gateway's size check and is the same 400), on /v1/completions and, for schemas, on /v1/chat/completions with the client's own
-response_format argument. An oversized schema is refused without compiling: fast, and the stack serves after."""
+response_format argument. An oversized schema is refused without compiling: fast; a schema under the size cap whose
+compile would take about a minute (2,000 optional properties) is refused at the compile deadline (2 s here); the
+stack serves after."""
 
 from __future__ import annotations
 
@@ -18,11 +20,13 @@ from tools.structured_errors import cases, probe
 pytestmark = pytest.mark.slow
 
 CASES = cases()
+COMPILE_TIMEOUT_S = 2
 
 
 @pytest.fixture(scope="module")
 def base(chat_target, tiny_pair, tmp_path_factory):
     with running_stack(chat_target, tiny_pair[1], method="ngram", log_dir=tmp_path_factory.mktemp("logs"),
+                       verifier_args=["--grammar-compile-timeout-s", str(COMPILE_TIMEOUT_S)],
                        timeout_s=240) as services:
         yield f"http://127.0.0.1:{services['gateway'].http_port}/v1", str(chat_target)
 
@@ -39,6 +43,8 @@ def test_each_bad_constraint_is_a_400_naming_the_problem(base, case):
         assert row["ok"], row
         if "oversized" in case.name:
             assert row["seconds"] < 5, row  # refused by size, before any compile
+        if "too complex" in case.name:
+            assert COMPILE_TIMEOUT_S <= row["seconds"] < COMPILE_TIMEOUT_S + 30, row  # at the deadline, not after
 
 
 def test_the_stack_serves_a_good_schema_after_the_errors(base):

@@ -81,3 +81,29 @@ def test_compiles_past_the_queue_bound_are_refused_as_busy(compiler, monkeypatch
     results = asyncio.run(storm())
     busy = [r for r in results if isinstance(r, grammar_module.GrammarBusy)]
     assert len(busy) == 2 and all(not isinstance(r, Exception) for r in results if r not in busy)
+
+
+def test_a_compile_past_its_deadline_is_refused_as_too_complex_and_the_next_compiles(tiny_pair):
+    # Optional properties make xgrammar's compile slow (quadratic in their number), whatever the size caps say.
+    tokenizer = load_tokenizer(str(tiny_pair[0]))
+    compiler = GrammarCompiler(tokenizer, len(tokenizer), [tokenizer.convert_tokens_to_ids("<|im_end|>")],
+                               timeout_s=0.5)
+    try:
+        compiler.compile_now(common_pb2.Constraint(regex="[a-z]+"))  # the child's start is not charged to a compile
+        slow = {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(2000)}}
+        with pytest.raises(GrammarError, match=r"constraint.json_schema is too complex: .* within 0.5 s "
+                                               r"\(--grammar-compile-timeout-s\)"):
+            compiler.compile_now(common_pb2.Constraint(json_schema=json.dumps(slow)))
+        assert compiler._worker._child is None  # killed, not left compiling
+        compiler.timeout_s = compiler._worker.timeout_s = 30.0  # a restart may take a while on a loaded machine
+        compiler.compile_now(common_pb2.Constraint(regex="[0-9]+"))
+    finally:
+        compiler.close()
+
+
+def test_a_compile_child_that_died_is_replaced(compiler):
+    compiler.compile_now(common_pb2.Constraint(regex="[a-c]+"))
+    compiler._worker._child.kill()
+    compiler._worker._child.wait()
+    grammar = compiler.matcher(compiler.compile_now(common_pb2.Constraint(regex="[d-f]+")))
+    assert grammar.walk([]) == 0
