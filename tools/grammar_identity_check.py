@@ -61,7 +61,7 @@ def stats(result: dict) -> dict:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_stack_options(parser, repeats=1, max_tokens=0)
+    add_stack_options(parser, repeats=None, max_tokens=0)
     parser.set_defaults(dtype="float32", threads=1)
     parser.add_argument("--prompts", type=int, default=20, help="how many of extraction.jsonl's prompts")
     parser.add_argument("--k", type=int, nargs="*", default=[4], help="fixed block sizes to run besides adaptive")

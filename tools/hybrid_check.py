@@ -1,14 +1,14 @@
-"""The hybrid draft on the Qwen2.5-Coder pair: model, suffix and hybrid side by side, interleaved, on code prompts.
+"""The hybrid draft on the Qwen2.5-Coder pair: model, suffix and hybrid side by side, interleaved, per workload.
 
 One stack per method (the 1.5B verifies in each; model and hybrid draft with the 0.5B), all up at once. For each
-prompt of bench/workloads/code.jsonl (greedy): speculation off (k = 0) once, then each method at adaptive k, the
+prompt of each workload (bench/workloads/<name>.jsonl, greedy; the first --per-workload of each): speculation off (k = 0) once, then each method at adaptive k, the
 methods' order rotating from prompt to prompt so that none always runs first on a warm cache; every output must be
 the plain run's. Prints a JSON line per run and, at the end, each method's tokens/s summed over the prompts, its
-ratio to off, and the hybrid's blocks by side (from the draft's /metrics); --out writes it all with the machine
+ratio to off, per workload, and the hybrid's blocks by side (from the draft's /metrics); --out writes it all with the machine
 (CPU model and flags). The machine may be shared: quote the figures with that.
 
     python -m tools.hybrid_check --model .cache/models/qwen2.5-coder-1.5b --draft-model .cache/models/qwen2.5-coder-0.5b \\
-        --dtype bfloat16 --prompts refactor_type_hints,py_class_stack --out bench/results/pair/hybrid_check.json
+        --dtype bfloat16 --workloads code,extraction,sql,chat --out bench/results/pair/hybrid_check.json
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import time
 import grpc
 
 from bench.core.machine import machine_info
-from bench.core.workloads import workload_path
+from bench.core.workloads import load_workload
 from devkit.stack import running_stack, scrape_metrics
 from specdec.v1 import gateway_pb2_grpc
 from tools.pair_check import cpu, run
@@ -38,19 +38,27 @@ def main(argv=None) -> int:
     parser.add_argument("--draft-model", required=True, help="the draft model (model and hybrid)")
     parser.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
     parser.add_argument("--threads", type=int, default=2, help="torch threads of each verifier")
-    parser.add_argument("--prompts", default="", help="comma-separated ids from code.jsonl (default: the first 4)")
+    parser.add_argument("--workloads", default="code", help="comma-separated names of bench/workloads/*.jsonl")
+    parser.add_argument("--per-workload", type=int, default=4, help="the first N prompts of each workload")
+    parser.add_argument("--prompts", default="", help="comma-separated prompt ids (default: the first N of each)")
     parser.add_argument("--max-tokens", type=int, default=64, help="cap on each prompt's max_tokens")
     parser.add_argument("--draft-arg", action="append", default=[], help="extra flag for the hybrid's draft")
+    parser.add_argument("--verifier-arg", action="append", default=[],
+                        help="extra flag for every verifier, e.g. --verifier-arg=--prepack-weights "
+                             "--verifier-arg=false (float32 without prepacking: about half the memory a verifier "
+                             "holds, so that two stacks fit in 24 GiB)")
     parser.add_argument("--methods", default=",".join(METHODS), help="which of model, suffix, hybrid to run")
     parser.add_argument("--out", default="")
     args = parser.parse_args(argv)
     methods = tuple(m for m in METHODS if m in args.methods.split(","))
-    lines = [json.loads(line) for line in workload_path("code").read_text().splitlines() if line.strip()]
     wanted = [p for p in args.prompts.split(",") if p]
-    prompts = [line for line in lines if line["id"] in wanted] if wanted else lines[:4]
+    prompts = []
+    for workload in [w for w in args.workloads.split(",") if w]:
+        lines = load_workload(workload, max_tokens=args.max_tokens)
+        prompts += [p for p in lines if p.id in wanted] if wanted else lines[:args.per_workload]
     print(f"cpu: {cpu()}", flush=True)
     env = {"OMP_WAIT_POLICY": "PASSIVE"}
-    verifier = ["--dtype", args.dtype, "--threads", str(args.threads)]
+    verifier = ["--dtype", args.dtype, "--threads", str(args.threads), *args.verifier_arg]
     runs = []
     with tempfile.TemporaryDirectory() as logs, contextlib.ExitStack() as stacks:
         started = time.monotonic()
@@ -62,15 +70,18 @@ def main(argv=None) -> int:
         print(f"stacks SERVING after {time.monotonic() - started:.0f} s", flush=True)
         stubs = {m: gateway_pb2_grpc.GatewayStub(stacks.enter_context(grpc.insecure_channel(s["gateway"].address)))
                  for m, s in services.items()}
+        for method, stub in stubs.items():  # first requests pay for kernels of new shapes: not measured
+            run(stub, prompts[0].text, 8, None, chat=False)
         for i, prompt in enumerate(prompts):
-            max_tokens = min(args.max_tokens, prompt["max_tokens"])
-            plain = run(stubs[methods[-1]], prompt["prompt"], max_tokens, 0)
-            print(json.dumps({"prompt": prompt["id"], "method": "off",
+            max_tokens = prompt.max_tokens
+            plain = run(stubs[methods[-1]], prompt.text, max_tokens, 0, chat=False)
+            where = {"workload": prompt.workload, "prompt": prompt.id}
+            print(json.dumps({**where, "method": "off",
                               **{k: v for k, v in plain.items() if k != "tokens"}}), flush=True)
-            runs.append({"prompt": prompt["id"], "method": "off", **plain, "identical": True})
+            runs.append({**where, "method": "off", **plain, "identical": True})
             for method in methods[i % len(methods):] + methods[:i % len(methods)]:
-                result = run(stubs[method], prompt["prompt"], max_tokens, None)
-                row = {"prompt": prompt["id"], "method": method, "identical": result["tokens"] == plain["tokens"],
+                result = run(stubs[method], prompt.text, max_tokens, None, chat=False)
+                row = {**where, "method": method, "identical": result["tokens"] == plain["tokens"],
                        "vs_off": round(result["tok_s"] / plain["tok_s"], 3),
                        **{k: v for k, v in result.items() if k != "tokens"}}
                 print(json.dumps(row), flush=True)
@@ -78,13 +89,8 @@ def main(argv=None) -> int:
         scraped = scrape_metrics(services["hybrid"]["draft"].metrics_port) if "hybrid" in services else {}
         hybrid_blocks = {side: scraped.get(("specdec_draft_hybrid_blocks_total", (("source", side),)), 0.0)
                          for side in ("suffix", "model")}
-    summary = {}
-    for method in ("off", *methods):
-        mine = [r for r in runs if r["method"] == method]
-        tokens, seconds = sum(len(r["tokens"]) for r in mine), sum(r["seconds"] for r in mine)
-        summary[method] = {"tok_s": round(tokens / seconds, 3), "identical": all(r["identical"] for r in mine)}
-    for method in methods:
-        summary[method]["vs_off"] = round(summary[method]["tok_s"] / summary["off"]["tok_s"], 3)
+    summary = {workload: summarize([r for r in runs if r["workload"] == workload], methods)
+               for workload in dict.fromkeys(r["workload"] for r in runs)}
     identical = all(r["identical"] for r in runs)
     print(json.dumps({"summary": summary, "hybrid_blocks": hybrid_blocks}), flush=True)
     print("greedy output identical to k = 0 on every run" if identical else "OUTPUT DIFFERS", flush=True)
@@ -92,12 +98,34 @@ def main(argv=None) -> int:
         pathlib.Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         pathlib.Path(args.out).write_text(json.dumps({
             "model": pathlib.Path(args.model).name, "draft_model": pathlib.Path(args.draft_model).name,
-            "dtype": args.dtype, "max_tokens": args.max_tokens, "draft_args": args.draft_arg,
+            "dtype": args.dtype, "max_tokens": args.max_tokens, "workloads": args.workloads, "draft_args": args.draft_arg,
+            "verifier_args": args.verifier_arg,
             "machine": machine_info(args.threads, "PASSIVE"), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "identical": identical, "summary": summary, "hybrid_blocks": hybrid_blocks,
             "runs": [{k: v for k, v in r.items() if k != "tokens"} for r in runs]}, indent=1) + "\n")
         print(f"wrote {args.out}")
     return 0 if identical else 1
+
+
+def summarize(runs: list[dict], methods: tuple[str, ...]) -> dict:
+    """Each method's tokens/s over the runs (total tokens over total seconds), its ratio to off, and the hybrid's
+    ratio to each other method run beside it and to the better of model and suffix (where both ran). Run with one of
+    them at a time (where two stacks are all that fit), the hybrid's ratio to the better is the smaller of its ratios
+    to each, each from one run."""
+    summary = {}
+    for method in ("off", *methods):
+        mine = [r for r in runs if r["method"] == method]
+        tokens, seconds = sum(len(r["tokens"]) for r in mine), sum(r["seconds"] for r in mine)
+        summary[method] = {"tok_s": round(tokens / seconds, 3), "identical": all(r["identical"] for r in mine)}
+    for method in methods:
+        summary[method]["vs_off"] = round(summary[method]["tok_s"] / summary["off"]["tok_s"], 3)
+    if "hybrid" in methods:
+        for other in set(methods) - {"hybrid"}:
+            summary["hybrid"][f"vs_{other}"] = round(summary["hybrid"]["tok_s"] / summary[other]["tok_s"], 3)
+    if {"model", "suffix", "hybrid"} <= set(methods):
+        better = max(summary["model"]["tok_s"], summary["suffix"]["tok_s"])
+        summary["hybrid"]["vs_better"] = round(summary["hybrid"]["tok_s"] / better, 3)
+    return summary
 
 
 if __name__ == "__main__":

@@ -74,7 +74,7 @@ def run(stub, prompt: str, max_tokens: int, k: int | None, constraint=None, chat
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_stack_options(parser, repeats=1)
+    add_stack_options(parser, repeats=None)
     parser.set_defaults(dtype="float32")
     parser.add_argument("--method", default="model", choices=["model", "suffix", "ngram", "hybrid"],
                         help="the draft method (model and hybrid run --draft-model)")

@@ -229,8 +229,9 @@ def draft_step_seconds(model_dir: str, dtype: str, threads: int, context: int = 
     return statistics.median(times[2:])
 
 
-def add_stack_options(parser, repeats: int, max_tokens: int = 48) -> None:
-    """The options of the load tools (bench context, bench concurrency) that choose and start the stack."""
+def add_stack_options(parser, repeats: int | None, max_tokens: int = 48) -> None:
+    """The options of the load tools (bench context, bench concurrency) that choose and start the stack; repeats
+    None: the tool runs each request once, and offers no --repeats."""
     parser.add_argument("--model", required=True, type=model_dir, help="target model directory")
     parser.add_argument("--draft-model", default="", type=optional_model_dir,
                         help="a draft model of the target's family (method model); default: the n-gram draft")
@@ -239,7 +240,8 @@ def add_stack_options(parser, repeats: int, max_tokens: int = 48) -> None:
     parser.add_argument("--vllm-python", default=".venv-vllm/bin/python", help="the interpreter with vLLM")
     parser.add_argument("--dtype", default="bfloat16", choices=choices(ModelConfig, "dtype"))
     parser.add_argument("--max-tokens", type=int, default=max_tokens)
-    parser.add_argument("--repeats", type=int, default=repeats)
+    if repeats is not None:
+        parser.add_argument("--repeats", type=int, default=repeats)
     parser.add_argument("--threads", type=int, default=2, help="torch threads of the transformers verifier")
     parser.add_argument("--out", default="", help="JSON file to write (default bench/results/<tool>_<engine>.json)")
 
