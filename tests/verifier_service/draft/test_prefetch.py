@@ -220,3 +220,58 @@ def test_a_prefetched_answer_times_the_draft_and_one_given_up_on_grows_its_estim
                 await link.close()
 
     asyncio.run(asyncio.wait_for(main(), 30))
+
+
+class CatchingUpHybrid(NgramProposer):
+    """As the hybrid draft: its first block is sized by its evidence and instant (the suffix side), the next one
+    takes `seconds` (the model side, reading the first block's tokens before it drafts)."""
+
+    inline = False
+
+    def __init__(self, seconds: float):
+        super().__init__()
+        self.seconds = seconds
+
+    def start(self, prompt_ids, sampling, return_probs, tenant=""):
+        sequence = super().start(prompt_ids, sampling, return_probs, tenant)
+        propose, asked = sequence.propose, []
+
+        def hybrid_propose(k):
+            asked.append(k)
+            if len(asked) == 1:
+                return dataclasses.replace(propose(k), sized_by_draft=True)
+            time.sleep(self.seconds)
+            return propose(k)
+
+        sequence.propose = hybrid_propose
+        return sequence
+
+
+def test_the_model_block_after_a_sized_one_is_waited_for_and_does_not_time_the_draft():
+    """A hybrid's model side drafts after the suffix side's block, and reads that block's tokens first: its answer
+    is late by that reading. It is waited for as a first round is (a round-time floor of 0.1 s would time it out),
+    and it teaches the pace nothing: not a block of 4's time, and not a timeout that would make every later wait,
+    and every block size's price, longer."""
+    async def main():
+        async with draft_server(proposer=CatchingUpHybrid(0.3)) as (address, _servicer):
+            link = DraftLink(address, ServerConfig(), target(), timeout_s=0.1, pipeline=False)
+            speculation = RequestSpeculation(SpeculationPolicy(4, 8, cost=RoundCost()),
+                                             link.session("r", SamplingParams()))
+            try:
+                link.pace.observe(4, 0.05)  # the model side's usual block of 4: 0.05 s
+                link.pace.opening.add(0.5)  # and a prompt, read in 0.5 s
+                block, reason = await speculation.propose(PROMPT, 4)
+                assert reason == "" and block.sized_by_draft
+                speculation.record(Round(4, 4, 0.1, draft_wait_s=0.01, forward_s=0.09))
+                tokens = PROMPT + [truth(20 + i) for i in range(5)]
+                block, reason = await speculation.propose(tokens, 4)
+                assert reason == "" and not block.sized_by_draft and speculation.reading_run
+                assert block.token_ids == [truth(25 + i) for i in range(4)]
+                speculation.record(Round(4, 4, 0.4, draft_wait_s=0.3, forward_s=0.1))
+                assert link.pace.predicted(4) == pytest.approx(0.05), "the catch-up is not a block's time"
+                assert not speculation.after_sized_block
+            finally:
+                speculation.close(None)
+                await link.close()
+
+    asyncio.run(asyncio.wait_for(main(), 30))
