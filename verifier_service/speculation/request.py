@@ -131,9 +131,6 @@ class RequestSpeculation:
         self.asked_k = 0  # the k the draft was last asked for (0: not asked)
         self.block = DraftBlock.empty()  # the last block proposed, as cut for verification
         self.opening = False  # the last ask opened the draft stream (the draft read the prompt before drafting)
-        # the last block was sized by a draft whose other blocks are not (the hybrid's suffix side), so its model
-        # side reads that block's kept tokens before it next drafts; `reading_run`: the last ask came after one
-        self.after_sized_block = self.reading_run = False
 
     def block_size(self, remaining_tokens: int, remaining_context: int, batch: Batch | None = None) -> int:
         """k for the next round (0: a plain step); `batch`: the rest of the engine step the block would join."""
@@ -172,9 +169,7 @@ class RequestSpeculation:
             return self.block, await self.draft.prefetch(tokens, k) or "stepped"
         self.asked_k = k
         self.opening = self.draft.stream is None
-        self.reading_run = self.after_sized_block
-        # reading a run of tokens it did not draft is like reading the prompt: the wait allows for it
-        block, reason = await self.draft.propose(tokens, k, self.draft_wait_s(k, self.opening or self.reading_run))
+        block, reason = await self.draft.propose(tokens, k, self.draft_wait_s(k, self.opening))
         self.block_came_ahead = block.ahead
         return self._verified(block, reason, k)
 
@@ -210,11 +205,8 @@ class RequestSpeculation:
         asked_k, self.asked_k = self.asked_k, 0
         reading = self.opening and round_.fallback == "timeout"  # the stream is kept: its answer comes later
         # a block the draft sized by its evidence (the hybrid's suffix side) took no model forward: it says nothing
-        # of how long a block of asked_k takes when the model drafts it; nor does the model's first block after one,
-        # whose forward also read the tokens of the sized block (a catch-up, as long as that run)
-        reading_run, self.reading_run = self.reading_run, False
-        if asked_k and not self.block_came_ahead and round_.draft_wait_s is not None and not self.block.sized_by_draft \
-                and not reading_run:
+        # of how long a block of asked_k takes when the model drafts it
+        if asked_k and not self.block_came_ahead and round_.draft_wait_s is not None and not self.block.sized_by_draft:
             if not reading:  # what asking costs when the answer is waited for (a prompt is read once a request)
                 self.policy.cost.observe_wait(round_.draft_wait_s)
             if round_.fallback == "timeout":  # the draft takes longer than this wait: the next one is longer
@@ -247,8 +239,6 @@ class RequestSpeculation:
                 self.policy.cost.observe_forward(round_.num_draft_tokens, round_.forward_s)
         if round_.draft_wait_s is not None:
             metrics.DRAFT_WAIT_TIME.observe(round_.draft_wait_s)
-        if self.block.token_ids:
-            self.after_sized_block = self.block.sized_by_draft and not self.policy.draft_sizes_blocks
         event: dict[str, typing.Any] = {"k": round_.num_draft_tokens, "accepted": round_.num_accepted,
                                         "round_ms": round(round_.seconds * 1000, 3)}
         if round_.target_token is not None:
