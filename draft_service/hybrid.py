@@ -7,15 +7,11 @@ better of n-gram and EAGLE per step reached 4.9x on code editing (arXiv 2601.115
 in that direction, composed of the two proposers as they are:
 
 - Each block comes from one side only. The suffix side is asked first, for as many tokens as its evidence goes (up to
-  the draft's --max-speculative-tokens). Its block is the answer if it expects at least --hybrid-min-suffix of its
-  tokens kept: the tokens it drafted on its match (chained tokens not counted) times its hit rate in this sequence.
-  Its length is the match's evidence: suffix decoding drafts at most one token per matched token and stops where the
-  continuation's estimated probability falls below --suffix-min-token-prob. Its hit rate is what that evidence was
-  worth here: of the tokens the suffix side proposed in this sequence, whether or not its block was the answer, the
-  share the target then generated, recent rounds counting most (`SuffixHitRate`). A match on text written once
-  elsewhere is long and certain by its counts and wrong on new code; the hit rate learns that from the verified
-  tokens, at no cost, since the suffix side proposes every round anyway. Otherwise the suffix's tokens are
-  retracted and the model drafts k tokens.
+  the draft's --max-speculative-tokens); if it drafted at least --hybrid-min-suffix tokens on its match (chained
+  tokens not counted), its block is the answer. Its length is the evidence: suffix decoding drafts at most one token
+  per matched token and stops where the continuation's estimated probability falls below --suffix-min-token-prob, so
+  a long block means a long match that went on the same way often. Otherwise the suffix's tokens are retracted and
+  the model drafts k tokens.
 - A suffix block is not cut to k: it says it was sized by its evidence (`DraftBlock.sized_by_draft`), and the
   verifier verifies it only as far as its tokens pay, as it does every block of the suffix draft alone, and does not
   time the draft's pace on it (it took no forward). The verifier's k prices the model side, whose
@@ -56,59 +52,13 @@ SOURCES = ("suffix", "model")
 class HybridConfig:
     """Hybrid draft (--method hybrid: suffix decoding where it matches, the draft model otherwise)"""
 
-    hybrid_min_suffix: int = option(4, "the suffix side answers a round when it expects this many of its tokens "
-                                       "kept: the tokens it drafts on its match (at most one per matched token, while "
-                                       "the continuation stays likely) times its hit rate in the sequence so far; "
-                                       "else the draft model drafts the block")
+    hybrid_min_suffix: int = option(4, "the suffix side answers a round when it drafts at least this many tokens on "
+                                       "its match (it drafts at most one per matched token, while the continuation "
+                                       "stays likely); else the draft model drafts the block")
 
     def __post_init__(self):
         if self.hybrid_min_suffix < 1:
             raise ValueError(f"--hybrid-min-suffix must be at least 1, got {self.hybrid_min_suffix}")
-
-
-class SuffixHitRate:
-    """Of the tokens the suffix side proposed in one sequence, the share the target then generated at their places;
-    each round's count weighs DECAY times less than the next round's, and PRIOR tokens at rate 1 come before any (a
-    new sequence trusts its matches). A proposal is counted as the verified tokens reach its places: a token the
-    target generated is a hit; at the first one it did not, that token and the proposal's rest are misses."""
-
-    DECAY = 0.8
-    PRIOR = 2.0
-    OPEN = 8  # proposals still being counted, at most (older ones are dropped)
-
-    def __init__(self):
-        self.hits = self.proposed = 0.0
-        self._open: list[list] = []  # [position of its first token, its tokens, how many are counted]
-
-    @property
-    def rate(self) -> float:
-        return (self.hits + self.PRIOR) / (self.proposed + self.PRIOR)
-
-    def proposed_at(self, start: int, token_ids: list[int]) -> None:
-        if token_ids:
-            self._open = [*self._open[-(self.OPEN - 1):], [start, list(token_ids), 0]]
-
-    def verified(self, tokens: list[int]) -> None:
-        """tokens: the sequence, all verified (after the verifier's sync): count what they settle."""
-        hits = proposed = 0
-        still_open = []
-        for entry in self._open:
-            start, token_ids, counted = entry
-            if start > len(tokens):  # proposed after a guess of the sync that did not hold
-                continue
-            known = tokens[start + counted:start + len(token_ids)]
-            same = next((i for i, (a, b) in enumerate(zip(known, token_ids[counted:])) if a != b), len(known))
-            hits += same
-            if same < len(known):  # a miss: it and the rest of the proposal
-                proposed += len(token_ids) - counted
-                continue
-            proposed += same
-            entry[2] = counted + same
-            if entry[2] < len(token_ids):
-                still_open.append(entry)
-        self._open = still_open
-        self.hits = self.hits * self.DECAY + hits
-        self.proposed = self.proposed * self.DECAY + proposed
 
 
 class HybridSequence(DraftSequence):
@@ -117,7 +67,6 @@ class HybridSequence(DraftSequence):
     def __init__(self, suffix: DraftSequence, model: DraftSequence, min_suffix: int, longest: int = 0):
         self.suffix, self.model, self.min_suffix = suffix, model, min_suffix
         self.longest = longest  # the longest block the suffix side may size by its evidence (0: k)
-        self.suffix_hits = SuffixHitRate()
         self.opened = False  # the first proposal was made (and the model side read the prompt)
 
     @property
@@ -127,8 +76,6 @@ class HybridSequence(DraftSequence):
     def update(self, keep_length: int, append_token_ids: list[int], assumed: bool = False) -> None:
         self.suffix.update(keep_length, append_token_ids, assumed)
         self.model.update(keep_length, append_token_ids, assumed)
-        if not assumed:
-            self.suffix_hits.verified(self.tokens)
 
     def confirm(self, length: int) -> None:
         self.suffix.confirm(length)
@@ -142,14 +89,12 @@ class HybridSequence(DraftSequence):
             self.model.catch_up()
             self.opened = True
         block = self.suffix.propose(max(k, self.min_suffix, self.longest))
-        if (len(block.token_ids) - block.num_chained) * self.suffix_hits.rate >= self.min_suffix:
+        if len(block.token_ids) - block.num_chained >= self.min_suffix:
             block = dataclasses.replace(block.cut(max(k, self.longest)), sized_by_draft=True)
-            self.suffix_hits.proposed_at(start, block.token_ids)
             self.suffix.retract(start + len(block.token_ids))
             self.model.adopt(block.token_ids)  # token ids only: its KV catches up when it next drafts
             self.source = "suffix"
         else:
-            self.suffix_hits.proposed_at(start, block.token_ids)  # judged as if it had answered
             self.suffix.retract(start)
             block = self.model.propose(k)
             self.suffix.adopt(block.token_ids)

@@ -4,7 +4,7 @@ import pytest
 import torch
 from prometheus_client import REGISTRY
 
-from draft_service.hybrid import HybridConfig, HybridProposer, SuffixHitRate
+from draft_service.hybrid import HybridConfig, HybridProposer
 from draft_service.model_draft import ModelProposer
 from draft_service.suffix import SuffixProposer
 from specdec.decoding.sampling import SamplingParams
@@ -112,46 +112,6 @@ def test_the_threshold_is_judged_on_the_match_even_below_it(model):
     short = start(model, UNIQUE + [7, 8, 9] + UNIQUE[-2:], min_suffix=4)
     short.propose(2)
     assert short.source == "model"
-
-
-def test_the_hit_rate_counts_each_proposal_as_the_verified_tokens_reach_it():
-    rate = SuffixHitRate()
-    assert rate.rate == 1.0  # no evidence yet: a match is trusted
-    rate.proposed_at(3, [5, 6, 7, 8])
-    rate.verified([0, 1, 2, 5, 6])  # two hits so far, the rest not yet verified
-    assert (rate.hits, rate.proposed) == (2, 2)
-    rate.verified([0, 1, 2, 5, 6, 9, 9])  # the third differs: a miss, and so is the fourth
-    assert (rate.hits, rate.proposed) == (2 * SuffixHitRate.DECAY, 2 * SuffixHitRate.DECAY + 2)
-    assert rate.rate == (2 * SuffixHitRate.DECAY + SuffixHitRate.PRIOR) / (
-        2 * SuffixHitRate.DECAY + 2 + SuffixHitRate.PRIOR)
-    rate.proposed_at(9, [1, 1])
-    rate.verified([0, 1, 2, 5, 6, 9, 9, 3, 3, 1, 1])  # both hit; earlier rounds weigh DECAY less each
-    assert rate.hits == 2 * SuffixHitRate.DECAY ** 2 + 2
-
-
-def test_a_suffix_side_the_target_rejected_gives_the_round_to_the_model_until_it_hits_again(model):
-    """After the target rejected its block, the suffix side's match on the span's first 12 tokens is worth less than
-    4 expected tokens here, while a fresh sequence of the same tokens trusts it; the model answers. The suffix's
-    block, judged as if it had answered, then hits, and the suffix side answers again."""
-    def make(prompt):
-        return HybridProposer(SuffixProposer(), ModelProposer(model), 4, longest=32).start(prompt, SamplingParams(),
-                                                                                           False)
-    seq = make(REPEATED)
-    begin = len(seq.tokens)
-    seq.propose(4)
-    assert seq.source == "suffix"
-    seq.update(begin, [UNSEEN, *SPAN[:12]])  # none kept
-    fresh = make(seq.tokens)
-    fresh.propose(4)
-    assert fresh.source == "suffix"
-    begin = len(seq.tokens)
-    block = seq.propose(4)
-    assert seq.source == "model" and len(block.token_ids) == 4 and in_step(seq)
-    missed = seq.suffix_hits.rate
-    seq.update(begin, SPAN[12:] + SPAN[:12])  # what the suffix side would have drafted
-    assert seq.suffix_hits.rate > missed
-    seq.propose(4)
-    assert seq.source == "suffix"
 
 
 def test_rollback_keeps_both_sides_in_step_and_the_model_catches_up_in_one_forward(model, monkeypatch):
