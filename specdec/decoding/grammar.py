@@ -71,9 +71,10 @@ class GrammarCompileConfig:
     """Structured outputs"""
 
     grammar_compile_timeout_s: float = option(
-        10.0, "a constraint whose grammar takes longer than this to compile is refused as too complex (the compile "
-              "runs in a child process, killed at the deadline, so it holds no queue); the size caps do not bound "
-              "the compile time: a schema of 2,000 optional properties takes about a minute")
+        10.0, "a constraint whose grammar takes more CPU time than this to compile is refused as too complex (the "
+              "compile runs in a child process, killed at the deadline, so it holds no queue; six times this in wall "
+              "time is the backstop); the size caps do not bound the compile time: a schema of 2,000 optional "
+              "properties takes about a minute")
 
     def __post_init__(self):
         if self.grammar_compile_timeout_s <= 0:
@@ -156,6 +157,7 @@ class GrammarCompiler:
         self.stop_token_ids = list(stop_token_ids)
         self.timeout_s = timeout_s
         self._worker: CompileWorker | None = None  # its child process (on the compile thread, which owns it)
+        self._compiler = None  # xgrammar's, in this process: compiles what the child has shown to compile in time
         self._tokenizer = tokenizer
         self._control_tokens: frozenset[int] | None = None  # built at the first JSON constraint
         self._cache: collections.OrderedDict[str, object] = collections.OrderedDict()
@@ -211,16 +213,20 @@ class GrammarCompiler:
 
     def _compile(self, kind: str, constraint: common_pb2.Constraint):
         try:
-            return self._started_worker().compile(constraint)
+            self._started_worker().check(constraint)  # under the deadline, in the child
         except CompileTimeout:  # the child was killed: its successor starts now, not at the next compile
             self._thread.submit(self._started_worker)
             raise GrammarError(
-                f"constraint.{kind} is too complex: its grammar did not compile within {self.timeout_s:g} s "
-                "(--grammar-compile-timeout-s); simplify it (fewer optional properties or alternatives, "
+                f"constraint.{kind} is too complex: its grammar did not compile within {self.timeout_s:g} s of "
+                "compile time (--grammar-compile-timeout-s); simplify it (fewer optional properties or alternatives, "
                 "shallower nesting)") from None
         except CompileFailed as exc:
             raise GrammarError(str(exc) if str(exc).startswith("constraint.")
                                else f"constraint.{kind}: {exc}") from None
+        # known to finish: it just compiled in the child (whose compiled grammar is too large to pass back)
+        if self._compiler is None:
+            self._compiler = self._xgr.GrammarCompiler(self._worker.tokenizer_info, max_threads=1)
+        return self._compiler.compile_grammar(constraint_grammar(constraint))
 
     def _started_worker(self) -> CompileWorker:
         """On the compile thread: the worker, its child started (a failed start is retried at the next compile)."""

@@ -2,22 +2,25 @@
 
 xgrammar's compile runs in C++ and cannot be interrupted: a schema of a few thousand optional properties takes a
 minute, though it passes every size cap. Run on a thread, such a compile would hold the compile queue for as long
-as it takes. Here it runs in a child process (`python -m specdec.decoding.grammar_worker`) that is killed at the
-deadline and started afresh at the next compile; the constraint is then refused as too complex, naming the limit.
+as it takes. Here it runs in a child process (`python -m specdec.decoding.grammar_compile_child`) that is killed at
+the deadline and started afresh; the constraint is then refused as too complex, naming the limit. The deadline is
+the child's CPU time on the compile, so a busy machine does not turn a simple schema into a "too complex" one;
+WALL_FACTOR times it in wall time is the backstop where the child's CPU time cannot be read (not Linux) or the
+machine starves it.
 
 The child holds the tokenizer's xgrammar TokenizerInfo (sent once, serialized) and compiles each constraint it is
-sent with `constraint_grammar`, the same conversion the engines use; the parent deserializes the compiled grammar
-against its own TokenizerInfo. Frames on the pipes: an 8-byte big-endian length, then the payload. Parent to child:
-the TokenizerInfo JSON, then one serialized Constraint per compile. Child to parent: b"ready" once, then per compile
-b"ok" + the compiled grammar's JSON, or b"error" + a message for the user.
+sent with `constraint_grammar`, the same conversion the engines use, and answers only whether it compiled: the
+compiled grammar itself is too large to pass back (a schema of 1,500 required properties serializes to 532 MB of
+JSON, 25 s of CPU to write and 9 s to read, against 0.2 s to compile). The service then compiles the constraint
+itself, known to finish: the same compile, on the same machine, just did. Frames on the pipes: an 8-byte big-endian
+length, then the payload. Parent to child: the TokenizerInfo JSON, then one serialized Constraint per compile.
+Child to parent: b"ready" once, then per compile b"ok", or b"error" + a message for the user.
 """
 
 from __future__ import annotations
 
-import ctypes
 import os
 import select
-import signal
 import struct
 import subprocess
 import sys
@@ -28,6 +31,9 @@ from specdec.v1 import common_pb2
 _LENGTH = struct.Struct(">Q")
 # Importing xgrammar imports torch: the child's start-up takes seconds, and is not charged to a compile.
 START_TIMEOUT_S = 120.0
+WALL_FACTOR = 6.0  # the wall-clock backstop: this many times the CPU-time deadline
+POLL_S = 0.05  # how often the child's CPU time is read while it compiles
+_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
 class CompileTimeout(Exception):
@@ -48,16 +54,15 @@ class CompileWorker:
         self._info_json = tokenizer_info.serialize_json().encode()
         self._child: subprocess.Popen | None = None
 
-    def compile(self, constraint: common_pb2.Constraint):
-        """The compiled grammar (xgrammar.CompiledGrammar). Raises CompileTimeout past timeout_s (and kills the
-        child), CompileFailed when the constraint does not compile or the child dies."""
-        import xgrammar
-
+    def check(self, constraint: common_pb2.Constraint) -> None:
+        """Compile the constraint in the child. Raises CompileTimeout past timeout_s (and kills the child),
+        CompileFailed when the constraint does not compile or the child dies."""
         child = self.start()
-        deadline = time.monotonic() + self.timeout_s
+        deadline = time.monotonic() + WALL_FACTOR * self.timeout_s
+        cpu_deadline = (_cpu_seconds(child.pid) or 0.0) + self.timeout_s
         try:
-            _write(child.stdin, constraint.SerializeToString())
-            answer = _read(child.stdout, deadline)
+            write_frame(child.stdin, constraint.SerializeToString())
+            answer = _read(child.stdout, deadline, lambda: (_cpu_seconds(child.pid) or 0.0) > cpu_deadline)
         except (CompileTimeout, EOFError, OSError) as exc:
             self.close()
             if isinstance(exc, CompileTimeout):
@@ -65,16 +70,15 @@ class CompileWorker:
             raise CompileFailed(f"the grammar compiler exited while compiling it ({type(exc).__name__})") from None
         if answer.startswith(b"error"):
             raise CompileFailed(answer[len(b"error"):].decode())
-        return xgrammar.CompiledGrammar.deserialize_json(answer[len(b"ok"):].decode(), self.tokenizer_info)
 
     def start(self) -> subprocess.Popen:
         """The child, started if it is not running. Raises CompileFailed when it does not start."""
         if self._child is not None and self._child.poll() is None:
             return self._child
-        child = subprocess.Popen([sys.executable, "-m", "specdec.decoding.grammar_worker"], stdin=subprocess.PIPE,
-                                 stdout=subprocess.PIPE)
+        child = subprocess.Popen([sys.executable, "-m", "specdec.decoding.grammar_compile_child"],
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         try:
-            _write(child.stdin, self._info_json)
+            write_frame(child.stdin, self._info_json)
             if _read(child.stdout, time.monotonic() + START_TIMEOUT_S) != b"ready":
                 raise EOFError("no ready frame")
         except (CompileTimeout, EOFError, OSError) as exc:
@@ -96,23 +100,27 @@ def _kill(child: subprocess.Popen) -> None:
         pipe.close()
 
 
-def _write(pipe, payload: bytes) -> None:
+def write_frame(pipe, payload: bytes) -> None:
+    """One frame: its length, then its payload (both sides)."""
     pipe.write(_LENGTH.pack(len(payload)) + payload)
     pipe.flush()
 
 
-def _read(pipe, deadline: float) -> bytes:
-    """One frame from a pipe of the child's; CompileTimeout at the deadline, EOFError if the child closed it."""
-    length = _LENGTH.unpack(_read_exactly(pipe.fileno(), _LENGTH.size, deadline))[0]
-    return _read_exactly(pipe.fileno(), length, deadline)
+def _read(pipe, deadline: float, over_budget=lambda: False) -> bytes:
+    """One frame from a pipe of the child's; CompileTimeout at the (wall) deadline or once over_budget() (the child's
+    CPU time), EOFError if the child closed it."""
+    length = _LENGTH.unpack(_read_exactly(pipe.fileno(), _LENGTH.size, deadline, over_budget))[0]
+    return _read_exactly(pipe.fileno(), length, deadline, over_budget)
 
 
-def _read_exactly(fd: int, size: int, deadline: float) -> bytes:
+def _read_exactly(fd: int, size: int, deadline: float, over_budget=lambda: False) -> bytes:
     chunks = []
     while size:
         remaining = deadline - time.monotonic()
-        if remaining <= 0 or not select.select([fd], [], [], remaining)[0]:
+        if remaining <= 0 or over_budget():
             raise CompileTimeout
+        if not select.select([fd], [], [], min(remaining, POLL_S))[0]:
+            continue
         chunk = os.read(fd, min(size, 1 << 20))
         if not chunk:
             raise EOFError
@@ -121,51 +129,19 @@ def _read_exactly(fd: int, size: int, deadline: float) -> bytes:
     return b"".join(chunks)
 
 
-def _read_blocking(pipe) -> bytes | None:
+def _cpu_seconds(pid: int) -> float | None:
+    """A process's CPU time so far (user + system), from /proc; None where it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            fields = stat.read().rsplit(b")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / _TICKS  # utime, stime: the stat's 14th and 15th fields
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def read_frame_blocking(pipe) -> bytes | None:
     """The child's side: one frame from stdin, None at its end (the parent closed it or exited)."""
     head = pipe.read(_LENGTH.size)
     if len(head) < _LENGTH.size:
         return None
     return pipe.read(_LENGTH.unpack(head)[0])
-
-
-def _die_with_parent() -> None:
-    """Ctrl-C is the parent's to handle; the parent's death, however it comes, ends this child (Linux)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):  # not Linux: the closed stdin ends it after the compile in hand
-        pass
-
-
-def main() -> int:
-    _die_with_parent()
-    import xgrammar
-
-    from specdec.decoding.grammar import GrammarError, constraint_grammar, xgrammar_message
-
-    stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
-    sys.stdout = sys.stderr  # nothing but frames on the parent's pipe
-    info_json = _read_blocking(stdin)
-    if info_json is None:
-        return 0
-    compiler = xgrammar.GrammarCompiler(xgrammar.TokenizerInfo.deserialize_json(info_json.decode()), max_threads=1,
-                                        cache_enabled=False)
-    _write(stdout, b"ready")
-    while (request := _read_blocking(stdin)) is not None:
-        constraint = common_pb2.Constraint.FromString(request)
-        try:
-            compiled = compiler.compile_grammar(constraint_grammar(constraint))
-        except GrammarError as exc:
-            _write(stdout, b"error" + str(exc).encode())
-            continue
-        except (RuntimeError, ValueError) as exc:  # the compile's own errors
-            kind = constraint.WhichOneof("kind")
-            _write(stdout, b"error" + f"constraint.{kind} does not compile: {xgrammar_message(exc)}".encode())
-            continue
-        _write(stdout, b"ok" + compiled.serialize_json().encode())
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
