@@ -146,10 +146,10 @@ def main(argv=None) -> int:
     print(table(rows))
     if args.out:
         pathlib.Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        from bench.core.machine import cpu_model_and_flags
+        from bench.core.machine import FLAGS_THAT_MATTER, cpu_model_and_flags
 
         cpu, flags = cpu_model_and_flags()
-        machine = {"cpu": cpu, "cpu_flags": sorted(f for f in flags if f.startswith(("avx", "amx", "fma")))}
+        machine = {"cpu": cpu, "cpu_flags": [f for f in FLAGS_THAT_MATTER if f in flags]}
         pathlib.Path(args.out).write_text(json.dumps({"machine": machine, "rows": rows}, indent=1) + "\n")
         print(f"wrote {args.out}")
     return 0 if all(row["ok"] for row in rows) else 1

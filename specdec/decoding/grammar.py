@@ -134,13 +134,13 @@ def constraint_grammar(constraint: common_pb2.Constraint):
     except GrammarError:
         raise
     except (RuntimeError, ValueError, TypeError) as exc:  # xgrammar's parse and schema errors
-        raise GrammarError(f"constraint.{kind} does not compile: {xgrammar_message(exc)}") from None
+        raise does_not_compile(kind, exc) from None
 
 
-def xgrammar_message(exc: Exception) -> str:
-    """An xgrammar error's first line, without its log prefix."""
+def does_not_compile(kind: str, exc: Exception) -> GrammarError:
+    """The user's error for an xgrammar error on constraint.<kind>: its first line, without its log prefix."""
     message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    return XGRAMMAR_LOG_PREFIX.sub("", message)
+    return GrammarError(f"constraint.{kind} does not compile: {XGRAMMAR_LOG_PREFIX.sub('', message)}")
 
 
 class GrammarCompiler:

@@ -3,7 +3,8 @@
 and says whether it compiled.
 
 Frames on its pipes (grammar_worker.py): from the parent, the tokenizer's xgrammar TokenizerInfo JSON once, then one
-serialized Constraint per compile; to the parent, b"ready" once, then per compile b"ok" or b"error" + a message for the user.
+serialized Constraint per compile; to the parent, b"ready" once, then per compile b"ok" or b"error" + a message for
+the user.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import ctypes
 import signal
 import sys
 
-from specdec.decoding.grammar import GrammarError, constraint_grammar, xgrammar_message
+from specdec.decoding.grammar import GrammarError, constraint_grammar, does_not_compile
 from specdec.decoding.grammar_worker import read_frame_blocking, write_frame
 from specdec.v1 import common_pb2
 
@@ -46,8 +47,7 @@ def main() -> int:
             write_frame(stdout, b"error" + str(exc).encode())
             continue
         except (RuntimeError, ValueError) as exc:  # the compile's own errors
-            kind = constraint.WhichOneof("kind")
-            write_frame(stdout, b"error" + f"constraint.{kind} does not compile: {xgrammar_message(exc)}".encode())
+            write_frame(stdout, b"error" + str(does_not_compile(constraint.WhichOneof("kind"), exc)).encode())
             continue
         write_frame(stdout, b"ok")
     return 0
