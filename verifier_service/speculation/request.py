@@ -213,6 +213,8 @@ class RequestSpeculation:
                 self.draft.link.pace.timed_out(asked_k, round_.draft_wait_s, self.opening)
             elif round_.fallback in DRAFT_ANSWERED:
                 self.draft.link.pace.observe(asked_k, round_.draft_wait_s, self.opening)
+                if self.opening and round_.num_draft_tokens:  # (a round without a block is priced without the wait)
+                    seconds = self._without_prompt_read(seconds, asked_k, round_.draft_wait_s)
         if self.draft is not None and self.draft.prefetch_timing is not None:
             # a block asked during a plain step: from its ask to its answer (or to giving up on it) is the draft's pace
             # as well, and where the policy steps while drafting, the only measure of it
@@ -258,6 +260,17 @@ class RequestSpeculation:
         if round_.fallback:
             event["fallback"] = round_.fallback
         self.span.add_event("round", event)
+
+    def _without_prompt_read(self, seconds: float, asked_k: int, draft_wait_s: float) -> float:
+        """A stream's first round, as the policy prices it: without the draft's prompt read, which a request pays
+        once, not every block (the pace learns it apart, `DraftPace.opening`). Priced with it, a few cold first
+        rounds made blocks look unable to pay even when accepted whole, and the hopeless verdict turned speculation
+        off server-wide. 0.0 (not timed) where the draft's block time is not known yet: nothing tells the prompt's
+        part of the wait from the block's."""
+        block_s = self.draft.link.pace.predicted(asked_k)
+        if block_s is None:
+            return 0.0
+        return max(seconds - max(draft_wait_s - block_s, 0.0), 0.0)
 
     def close(self, final_tokens: list[int] | None) -> None:
         """End the draft stream, which frees the draft's copy of the sequence.

@@ -215,3 +215,30 @@ def test_a_hybrids_suffix_block_is_priced_on_the_forward_not_on_the_model_sides_
     assert policy.block_size(100, 100) >= 1 and policy.cut_times is not None
     block, _ = speculation._verified(DraftBlock(list(range(10)), sized_by_draft=True), "", 1)
     assert len(block.token_ids) == 10
+
+
+def test_a_streams_first_round_is_priced_without_the_drafts_prompt_read():
+    """A model draft's first answer of a request came after 3 s, of which 2.6 s were its prompt read (its blocks of
+    4 take 0.4 s): the policy times that round as 3.1 - 2.6 = 0.5 s, not 3.1 s, and a few such opening rounds
+    cannot make blocks accepted whole look unable to pay. Before any block was timed, the round's time is not
+    taken at all (nothing tells the prompt's part from the block's); its acceptance is."""
+    from specdec.decoding.draft_block import DraftBlock
+
+    async def scenario():
+        link = DraftLink("127.0.0.1:1", ServerConfig(), common_pb2.ModelInfo(vocab_size=10), timeout_s=0.2)
+        costs = []
+        for known_pace in (False, True):
+            if known_pace:
+                for _ in range(3):
+                    link.pace.observe(4, 0.4)
+            cost = RoundCost()
+            speculation = RequestSpeculation(SpeculationPolicy(4, 16, cost=cost), link.session("r", SamplingParams()))
+            speculation.asked_k, speculation.opening, speculation.block = 4, True, DraftBlock([1, 2, 3, 4])
+            speculation.record(Round(4, 4, 3.1, draft_wait_s=3.0, forward_s=0.1))
+            assert cost.acceptance[True].accepted == 4.0 and cost.acceptance[True].judged == 4.0
+            costs.append(cost)
+        assert 4 not in costs[0].seconds
+        assert costs[1].seconds[4].value == pytest.approx(0.5)
+        await link.close()
+
+    asyncio.run(asyncio.wait_for(scenario(), 30))
