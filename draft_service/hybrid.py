@@ -32,7 +32,11 @@ in that direction, composed of the two proposers as they are:
   it made that round time out.
 
 The verifier chooses k (`sizes_blocks` is False): the model side's cost grows with k, and the verifier's adaptive k
-weighs it (the draft's measured pace); the suffix side drafts at most that k.
+weighs it (the draft's measured pace). The two sides are priced apart: a suffix block's time and acceptance are not
+the model's, so they do not enter what sizes k (`SpeculationPolicy.observe`'s sized); and where the model's blocks
+do not pay, the verifier still asks for the suffix side's alone (`sizes_some_blocks`, NextBlock.sized_only:
+`HybridSequence.propose_sized`), which costs the model nothing, so the hybrid falls back to suffix decoding rather
+than to no draft at all.
 """
 
 from __future__ import annotations
@@ -84,22 +88,38 @@ class HybridSequence(DraftSequence):
     def propose(self, k: int) -> DraftBlock:
         if k <= 0:
             return DraftBlock.empty()
-        start = len(self.tokens)
         if not self.opened:  # the round the verifier gives the prompt's reading: the model reads it now
             self.model.catch_up()
             self.opened = True
-        block = self.suffix.propose(max(k, self.min_suffix, self.longest))
-        if len(block.token_ids) - block.num_chained >= self.min_suffix:
-            block = dataclasses.replace(block.cut(max(k, self.longest)), sized_by_draft=True)
-            self.suffix.retract(start + len(block.token_ids))
-            self.model.adopt(block.token_ids)  # token ids only: its KV catches up when it next drafts
-            self.source = "suffix"
-        else:
-            self.suffix.retract(start)
+        block = self._suffix_block(k)
+        if block is None:
             block = self.model.propose(k)
             self.suffix.adopt(block.token_ids)
             self.source = "model"
         metrics.HYBRID_BLOCKS.labels(source=self.source).inc()
+        return block
+
+    def propose_sized(self, k: int) -> DraftBlock:
+        """The suffix side's block where it would answer, else none: the model is not asked (the verifier found its
+        blocks do not pay), nor does it read anything."""
+        block = self._suffix_block(k) if k > 0 else None
+        if block is None:
+            return DraftBlock.empty()
+        metrics.HYBRID_BLOCKS.labels(source=self.source).inc()
+        return block
+
+    def _suffix_block(self, k: int) -> DraftBlock | None:
+        """The suffix side's block if it drafts at least min_suffix tokens on its match (adopted by the model side),
+        else None, the suffix's tokens retracted."""
+        start = len(self.tokens)
+        block = self.suffix.propose(max(k, self.min_suffix, self.longest))
+        if len(block.token_ids) - block.num_chained < self.min_suffix:
+            self.suffix.retract(start)
+            return None
+        block = dataclasses.replace(block.cut(max(k, self.longest)), sized_by_draft=True)
+        self.suffix.retract(start + len(block.token_ids))
+        self.model.adopt(block.token_ids)  # token ids only: its KV catches up when it next drafts
+        self.source = "suffix"
         return block
 
     def _truncate(self, length: int) -> None:
@@ -123,6 +143,7 @@ class HybridProposer(Proposer):
     method = "hybrid"
     inline = False  # the model side runs a forward: on the compute thread (the suffix cache takes a lock)
     sizes_blocks = False  # the verifier's k bounds the model's cost (module docstring)
+    sizes_some_blocks = True  # the suffix side's: asked alone (NextBlock.sized_only) where the model's do not pay
 
     def __init__(self, suffix: Proposer, model: Proposer, min_suffix: int = HybridConfig.hybrid_min_suffix,
                  longest: int = 0):

@@ -66,6 +66,11 @@ class DraftSequence(abc.ABC):
     def propose(self, k: int) -> DraftBlock:
         """Propose up to k tokens after `tokens`, and append them to it."""
 
+    def propose_sized(self, k: int) -> DraftBlock:
+        """A block sized by the proposer's evidence at no model forward's cost, or none (NextBlock.sized_only): only
+        a proposer that sizes some of its blocks so (`Proposer.sizes_some_blocks`: the hybrid) has one."""
+        return DraftBlock.empty()
+
     @abc.abstractmethod
     def _truncate(self, length: int) -> None:
         """Drop tokens[length:] and any state derived from them."""
@@ -91,6 +96,9 @@ class Proposer(abc.ABC):
     # Sizes its own blocks: returns fewer tokens than asked, or none, where its evidence is weak, so the
     # verifier asks it for its longest block whenever drafting pays (GetDraftInfoResponse.sizes_blocks).
     sizes_blocks: bool = False
+    # Sizes some of its blocks so, at no model forward's cost, and drafts the others with its model (the hybrid):
+    # the verifier may ask for the first kind alone (`DraftSequence.propose_sized`) where the model's do not pay.
+    sizes_some_blocks: bool = False
     # Takes the request's constraint: `start(..., constraint=, output_start=, request_id=)` (the grammar draft)
     takes_constraints: bool = False
 

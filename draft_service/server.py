@@ -45,7 +45,8 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
     async def GetDraftInfo(self, request, context):
         return draft_pb2.GetDraftInfoResponse(info=self.info, method=self.proposer.method,
                                               max_speculative_tokens=self.config.max_speculative_tokens,
-                                              sizes_blocks=self.proposer.sizes_blocks)
+                                              sizes_blocks=self.proposer.sizes_blocks,
+                                              sizes_some_blocks=self.proposer.sizes_some_blocks)
 
     async def Propose(self, request_iterator, context: grpc.aio.ServicerContext):
         requests = aiter(request_iterator)
@@ -91,7 +92,7 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
                                                     sequence_length=len(sequence.tokens))
                 else:
                     yield await self._answer(sequence, sync, context, longest, ahead)
-                if ahead is not None and sync.num_tokens:
+                if ahead is not None and sync.num_tokens and not sync.sized_only:  # (sized-only: no model drafts)
                     for message in await self._ahead(sequence, ahead, longest, context):
                         yield message
             sequence.finish()  # the verifier half-closed the stream: the sequence ended normally
@@ -145,15 +146,18 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
     async def _answer(self, sequence: DraftSequence, block: draft_pb2.NextBlock, context, longest: int,
                       ahead: DraftAhead | None) -> draft_pb2.ProposeResponse:
         """Roll back, append, propose: the round's block. Pipelined, one token more is proposed than sent:
-        the draft's guess of the target's next token, which the block drafted ahead assumes."""
+        the draft's guess of the target's next token, which the block drafted ahead assumes (not for a sized-only
+        ask, after which nothing is drafted ahead: that would run the model the verifier chose not to)."""
         k = block.num_tokens
-        guess = 1 if ahead is not None and k and block.keep_length + len(block.append_token_ids) + k < longest else 0
+        guess = 1 if ahead is not None and k and not block.sized_only \
+            and block.keep_length + len(block.append_token_ids) + k < longest else 0
         proposal = await self._propose(sequence, block.keep_length, list(block.append_token_ids), k + guess if k else 0,
-                                       context, k)
+                                       context, k, sized_only=block.sized_only)
         if ahead is not None:
             ahead.answered(Block(len(sequence.tokens) - len(proposal.token_ids), list(proposal.token_ids), k))
         return inject_draft_token(self.config.inject_draft_token,
-                                  self._response(proposal, k, block.round, len(sequence.tokens), sized_ok=ahead is None))
+                                  self._response(proposal, k, block.round, len(sequence.tokens),
+                                                 sized_ok=ahead is None or block.sized_only))
 
     async def _ahead(self, sequence: DraftSequence, ahead: DraftAhead, longest: int,
                      context) -> list[draft_pb2.ProposeResponse]:
@@ -172,12 +176,12 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
         return inject_ahead_fault(self.config.inject_ahead_fault, message, self.info.vocab_size)
 
     async def _propose(self, sequence: DraftSequence, keep: int, append: list[int], n: int, context,
-                       k: int, assumed: bool = False) -> DraftBlock:
+                       k: int, assumed: bool = False, sized_only: bool = False) -> DraftBlock:
         if self.config.inject_delay_ms:
             await asyncio.sleep(self.config.inject_delay_ms / 1000)
         started = time.perf_counter()
         try:
-            proposal = await self._run(self._step, sequence, keep, append, n, assumed)
+            proposal = await self._run(self._step, sequence, keep, append, n, assumed, sized_only)
         except ProposerError as exc:  # the proposer's own refusal
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"next: {exc}")
         event = {"k": k, "proposed": min(k, len(proposal.token_ids)),
@@ -202,9 +206,12 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
                                          num_forced=proposal.num_forced, sized_by_draft=sized)
 
     @staticmethod
-    def _step(sequence: DraftSequence, keep_length: int, append: list[int], n: int, assumed: bool) -> DraftBlock:
+    def _step(sequence: DraftSequence, keep_length: int, append: list[int], n: int, assumed: bool,
+              sized_only: bool = False) -> DraftBlock:
         sequence.update(keep_length, append, assumed)
-        return sequence.propose(n) if n else DraftBlock.empty()
+        if not n:
+            return DraftBlock.empty()
+        return sequence.propose_sized(n) if sized_only else sequence.propose(n)
 
     async def _run(self, fn, *args):
         """Cheap proposers run on the event loop; model proposers on the compute thread."""

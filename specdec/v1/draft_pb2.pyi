@@ -38,16 +38,18 @@ class StartSequence(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., return_probs: _Optional[bool] = ..., tenant: _Optional[str] = ..., max_context: _Optional[int] = ..., pipeline: _Optional[bool] = ..., constraint: _Optional[_Union[_common_pb2.Constraint, _Mapping]] = ..., output_start: _Optional[int] = ...) -> None: ...
 
 class NextBlock(_message.Message):
-    __slots__ = ("keep_length", "append_token_ids", "num_tokens", "round")
+    __slots__ = ("keep_length", "append_token_ids", "num_tokens", "round", "sized_only")
     KEEP_LENGTH_FIELD_NUMBER: _ClassVar[int]
     APPEND_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     NUM_TOKENS_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
+    SIZED_ONLY_FIELD_NUMBER: _ClassVar[int]
     keep_length: int
     append_token_ids: _containers.RepeatedScalarFieldContainer[int]
     num_tokens: int
     round: int
-    def __init__(self, keep_length: _Optional[int] = ..., append_token_ids: _Optional[_Iterable[int]] = ..., num_tokens: _Optional[int] = ..., round: _Optional[int] = ...) -> None: ...
+    sized_only: bool
+    def __init__(self, keep_length: _Optional[int] = ..., append_token_ids: _Optional[_Iterable[int]] = ..., num_tokens: _Optional[int] = ..., round: _Optional[int] = ..., sized_only: _Optional[bool] = ...) -> None: ...
 
 class ProposeResponse(_message.Message):
     __slots__ = ("token_ids", "probs", "sequence_length", "round", "ahead", "answered_ahead", "num_chained", "num_forced", "sized_by_draft")
@@ -84,13 +86,15 @@ class GetDraftInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetDraftInfoResponse(_message.Message):
-    __slots__ = ("info", "method", "max_speculative_tokens", "sizes_blocks")
+    __slots__ = ("info", "method", "max_speculative_tokens", "sizes_blocks", "sizes_some_blocks")
     INFO_FIELD_NUMBER: _ClassVar[int]
     METHOD_FIELD_NUMBER: _ClassVar[int]
     MAX_SPECULATIVE_TOKENS_FIELD_NUMBER: _ClassVar[int]
     SIZES_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    SIZES_SOME_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     info: _common_pb2.ModelInfo
     method: str
     max_speculative_tokens: int
     sizes_blocks: bool
-    def __init__(self, info: _Optional[_Union[_common_pb2.ModelInfo, _Mapping]] = ..., method: _Optional[str] = ..., max_speculative_tokens: _Optional[int] = ..., sizes_blocks: _Optional[bool] = ...) -> None: ...
+    sizes_some_blocks: bool
+    def __init__(self, info: _Optional[_Union[_common_pb2.ModelInfo, _Mapping]] = ..., method: _Optional[str] = ..., max_speculative_tokens: _Optional[int] = ..., sizes_blocks: _Optional[bool] = ..., sizes_some_blocks: _Optional[bool] = ...) -> None: ...

@@ -42,6 +42,18 @@ def in_step(seq) -> bool:
     return seq.tokens == seq.suffix.tokens == seq.model.tokens
 
 
+def served_info(model, max_context: int = 0):
+    """The in-process draft's ModelInfo (tests.draft_service.inprocess.INFO) with the tiny model's vocabulary."""
+    from specdec.v1 import common_pb2
+    from tests.draft_service.inprocess import INFO
+
+    info = common_pb2.ModelInfo()
+    info.CopyFrom(INFO)
+    info.vocab_size = info.tokenizer_vocab_size = model.config.vocab_size
+    info.max_context = max_context
+    return info
+
+
 def test_a_repeated_span_is_drafted_by_the_suffix_side_without_a_model_forward(model, monkeypatch):
     """Past the first round (where the model side reads the prompt, whichever side answers), a suffix round costs
     the model nothing."""
@@ -184,3 +196,55 @@ def test_finish_caches_the_output_for_the_next_request(model):
 def test_min_suffix_below_one_is_refused():
     with pytest.raises(ValueError, match="--hybrid-min-suffix"):
         HybridConfig(hybrid_min_suffix=0)
+
+
+def test_a_sized_only_ask_gets_the_suffix_sides_block_or_nothing_and_never_runs_the_model(model, monkeypatch):
+    """NextBlock.sized_only (the verifier found the model's blocks do not pay): the suffix side answers where it
+    would, sized by its match; where it would not, the answer is empty, and the model side neither drafts nor reads
+    the prompt. The model reads it at its first real ask."""
+    seq = start(model, REPEATED)
+    fed = counting_feeds(seq, monkeypatch)
+    block = seq.propose_sized(4)
+    assert seq.source == "suffix" and block.sized_by_draft and block.token_ids == SPAN[12:16]
+    assert fed == [] and in_step(seq)
+    seq.update(len(REPEATED), [UNSEEN])
+    assert seq.propose_sized(4).token_ids == [] and fed == [] and in_step(seq)
+    assert len(seq.propose(4).token_ids) == 4 and seq.source == "model" and fed[0] == len(REPEATED)
+    assert in_step(seq)
+    assert HybridProposer.sizes_some_blocks and not SuffixProposer.sizes_some_blocks
+
+
+def test_the_draft_service_answers_sized_only_asks_and_refuses_them_on_a_pipelined_stream(model):
+    """Over gRPC: GetDraftInfo says the hybrid sizes some blocks, and the verifier's link reads it; a sized-only
+    ask on the repeated span gets the suffix side's block marked sized, on unseen text an empty one; on a pipelined
+    stream likewise, and no block is drafted ahead after it (that would run the model)."""
+    import asyncio
+
+    from specdec.runtime.config import ServerConfig
+    from specdec.v1 import draft_pb2
+    from tests.draft_service.inprocess import draft_server
+    from tests.draft_service.test_draft_limits import P, propose, start as start_message
+    from verifier_service.draft.client import DraftLink
+
+    def ask(keep, append, k, round_=0):
+        return P(next=draft_pb2.NextBlock(keep_length=keep, append_token_ids=append, num_tokens=k, round=round_,
+                                          sized_only=True))
+
+    async def scenario():
+        async with draft_server(proposer=HybridProposer(SuffixProposer(), ModelProposer(model), 4),
+                                info=served_info(model), propose_ahead="always") as (address, _):
+            link = DraftLink(address, ServerConfig(), served_info(model), timeout_s=5.0)
+            await link.check_compatible()
+            assert link.method == "hybrid" and link.sizes_some_blocks and not link.sizes_blocks
+            await link.close()
+            hit, miss = await propose(address, [start_message(REPEATED), ask(len(REPEATED), [], 4),
+                                                ask(len(REPEATED), [UNSEEN], 4)])
+            assert hit.sized_by_draft and list(hit.token_ids) == SPAN[12:16]
+            assert list(miss.token_ids) == []
+            pipelined = P(start=draft_pb2.StartSequence(request_id="p", prompt_token_ids=REPEATED, pipeline=True))
+            answers = await propose(address, [pipelined, ask(len(REPEATED), [], 4, round_=1),
+                                              ask(len(REPEATED), [UNSEEN], 4, round_=2)])
+            assert [list(a.token_ids) for a in answers] == [SPAN[12:16], []]
+            assert answers[0].sized_by_draft and not any(a.HasField("ahead") for a in answers)
+
+    asyncio.run(asyncio.wait_for(scenario(), 60))

@@ -141,6 +141,7 @@ class DraftLink:
         self.method = ""
         self.max_k = 0  # the largest block the draft serves (GetDraftInfo); 0: not reported
         self.sizes_blocks = False  # the draft cuts its blocks to its evidence (GetDraftInfo)
+        self.sizes_some_blocks = False  # some of them, at no forward's cost: NextBlock.sized_only asks those (hybrid)
         # As one replica of a tier (specdec.runtime.peer_watch's member): its watch's verdict (None: live), the
         # draft's ModelInfo as last checked, and the sequences with a stream open on it
         self.problem: str | None = None
@@ -172,6 +173,7 @@ class DraftLink:
         self.method = reply.method
         self.max_k = reply.max_speculative_tokens
         self.sizes_blocks = reply.sizes_blocks
+        self.sizes_some_blocks = reply.sizes_some_blocks
         self.checked = True
         return reply.info
 
@@ -299,9 +301,11 @@ class DraftSession:
         self.synced = len(tokens)
         return ""
 
-    async def propose(self, tokens: list[int], k: int, wait_s: float | None = None) -> tuple[DraftBlock, str]:
+    async def propose(self, tokens: list[int], k: int, wait_s: float | None = None,
+                      sized_only: bool = False) -> tuple[DraftBlock, str]:
         """A block of up to k tokens after `tokens`, or an empty one and the reason it is empty ("timeout": no
-        answer within wait_s, by default the link's timeout)."""
+        answer within wait_s, by default the link's timeout). sized_only: only a block the draft sizes at no
+        forward's cost, or none (NextBlock.sized_only; a stream that does not draft ahead)."""
         wait_s = self.link.timeout_s if wait_s is None else wait_s
         opening = self.stream is None
         reason = await self._ensure_stream(tokens)
@@ -313,7 +317,7 @@ class DraftSession:
         stream = self.stream
         try:
             response, ahead = await asyncio.wait_for(
-                stream.next_block(self.synced, tokens[self.synced:], k), wait_s)
+                stream.next_block(self.synced, tokens[self.synced:], k, sized_only), wait_s)
         except STREAM_ERRORS as exc:
             if opening and isinstance(exc, asyncio.TimeoutError) and self.stream is stream:
                 return DraftBlock.empty(), self._read_prompt_behind(stream, tokens, k, wait_s)

@@ -233,16 +233,20 @@ class RoundCost:
         return times
 
     def observe(self, num_draft_tokens: int, num_accepted: int, round_s: float, greedy: bool = True,
-                num_chained: int = 0, drafted_matched: int = 0, num_forced: int = 0) -> None:
+                num_chained: int = 0, drafted_matched: int = 0, num_forced: int = 0, apart: bool = False) -> None:
         """num_chained: the block's tokens chained past the draft's match (`SpeculationPolicy.cut_block`), and
         num_forced: its last tokens, forced by the grammar; each timed with the block but judged apart, and only
-        when the tokens before them were all accepted."""
-        self.plain_since_drafted = 0 if num_draft_tokens else self.plain_since_drafted + 1
-        if round_s > 0:
+        when the tokens before them were all accepted. apart: a block the draft sized by its evidence though it does
+        not size all its blocks (the hybrid's suffix side): its time and acceptance are not the blocks' the policy
+        sizes (the model side's), so it is judged only among blocks matched as far (`by_length`), by which such
+        blocks are cut."""
+        self.plain_since_drafted = 0 if num_draft_tokens and not apart else self.plain_since_drafted + 1
+        if round_s > 0 and not apart:
             self.seconds.setdefault(num_draft_tokens, Ewma()).add(round_s)
         matched, accepted = matched_part(num_draft_tokens, num_accepted, num_chained, num_forced)
         if matched:
-            self.acceptance[greedy].add(matched, accepted)
+            if not apart:
+                self.acceptance[greedy].add(matched, accepted)
             if drafted_matched:
                 self.by_length[greedy].setdefault(min(drafted_matched, LENGTH_BUCKETS), Acceptance(SERVER_DECAY)).add(
                     matched, accepted)
@@ -472,6 +476,20 @@ class SpeculationPolicy:
         # A round emits k + 1 tokens at most: keep it within max_tokens and the context.
         return max(0, min(k, remaining_tokens - 1, remaining_context - 1))
 
+    def sized_only_k(self, remaining_tokens: int, remaining_context: int) -> int:
+        """In a round block_size left plain because blocks do not pay ("not_paying"), the k of an ask for a block
+        only if the draft sizes it by its evidence at no forward's cost (NextBlock.sized_only: the hybrid draft's
+        suffix side, where its model's blocks do not pay), cut like any such block on the forward's times
+        (`cut_block`); 0: no such ask (a fixed k, under load, no round timed yet). Such a block costs a forward
+        over more tokens and no draft time, so it is judged apart from the blocks k sizes (`observe`'s sized)."""
+        if self.fixed or self.off_reason != "not_paying":
+            return 0
+        times = self.cost.times(self.max_k)
+        if times is None:
+            return 0
+        self.cut_times, self.cut_alpha = times, None
+        return max(0, min(self.max_k, remaining_tokens - 1, remaining_context - 1))
+
     def draft_wait_cap(self, k: int) -> float | None:
         """The longest wait for a block of k that could still pay: k plain steps (a round that waits W and verifies
         emits at most k + 1 tokens in W plus at least one step). None before a plain step was timed."""
@@ -550,17 +568,21 @@ class SpeculationPolicy:
         return best
 
     def observe(self, num_draft_tokens: int, num_accepted: int, round_s: float, asked_k: int = 0,
-                num_chained: int = 0, num_forced: int = 0) -> None:
+                num_chained: int = 0, num_forced: int = 0, sized: bool = False) -> None:
         """Learn from a verified round: its draft size, accepted count and wall time. asked_k: the block the draft
         was asked for (0: none); a retry that came back empty is over, and has not paid. num_chained: the block's
         tokens the draft chained past its match, num_forced: its last ones the grammar forced (both judged apart:
-        `RoundCost.observe`)."""
+        `RoundCost.observe`). sized: the draft sized this block by its evidence (`cut_block`'s sized): from a draft
+        that does not size all its blocks (the hybrid), it is priced apart from the blocks k sizes."""
         drafted_matched, self.cut_from = self.cut_from, 0
+        apart = sized and not self.draft_sizes_blocks
         self.cost.observe(num_draft_tokens, num_accepted, round_s, self.greedy, num_chained, drafted_matched,
-                          num_forced)
+                          num_forced, apart)
         if not num_draft_tokens:
             if asked_k:
                 self.probing = False
+            return
+        if apart:  # not evidence on the blocks k sizes: neither this request's acceptance nor a retry's outcome
             return
         matched, accepted = matched_part(num_draft_tokens, num_accepted, num_chained, num_forced)
         if matched:

@@ -27,6 +27,10 @@ block after the step's token if the draft's first token was that one (`DraftSess
 `at_hand`). The plain step emits what plain decoding would; the block is then a valid draft for the
 tokens after it, so every choice stays lossless.
 
+A draft that sizes some of its blocks at no forward's cost (the hybrid's suffix side) is asked for those alone in
+rounds the policy would decode plainly because its model's blocks do not pay (`SpeculationPolicy.sized_only_k`,
+NextBlock.sized_only); such blocks are priced apart from the blocks k sizes (`SpeculationPolicy.observe`'s sized).
+
 A draft that reads a long prompt for longer than a round waits (a model draft's prefill) is not abandoned: the
 stream stays open, each round decodes a plain step meanwhile ("reading_prompt"), and the first answer is taken
 as a prefetched block's when it comes (`DraftSession.at_hand`).
@@ -131,13 +135,22 @@ class RequestSpeculation:
         self.asked_k = 0  # the k the draft was last asked for (0: not asked)
         self.block = DraftBlock.empty()  # the last block proposed, as cut for verification
         self.opening = False  # the last ask opened the draft stream (the draft read the prompt before drafting)
+        self.asked_model = False  # a block was asked of the draft as k sized it (not only sized-only asks)
+        self.sized_only = False  # this round asks only for a block the draft sizes at no forward's cost
 
     def block_size(self, remaining_tokens: int, remaining_context: int, batch: Batch | None = None) -> int:
         """k for the next round (0: a plain step); `batch`: the rest of the engine step the block would join."""
+        self.sized_only = False
         if self.draft is None:
             return 0
-        return self.policy.block_size(remaining_tokens, remaining_context, self.live_sequences(), batch,
-                                      self.draft.link.pace)
+        k = self.policy.block_size(remaining_tokens, remaining_context, self.live_sequences(), batch,
+                                   self.draft.link.pace)
+        link = self.draft.link
+        if k == 0 and link.sizes_some_blocks and self.draft.prefetched is None and not self.draft.reading_prompt:
+            # the draft's model blocks do not pay, but its free ones may (the hybrid's suffix side): ask for those
+            k = self.policy.sized_only_k(remaining_tokens, remaining_context)
+            self.sized_only = k > 0
+        return k
 
     def draft_wait_s(self, k: int, opening: bool = False) -> float:
         """How long this round waits for a block of k: the draft's measured pace, within the flag's floor and the
@@ -157,6 +170,10 @@ class RequestSpeculation:
         self.block = DraftBlock.empty()
         if self.draft is None or k == 0:
             return self.block, self.policy.off_reason if self.draft is not None else ""
+        if self.sized_only:  # no model forward asked: the answer is at once (the link's floor is its wait)
+            block, reason = await self.draft.propose(tokens, k, self.draft.link.timeout_s, sized_only=True)
+            block, reason = self._verified(block, reason, k)
+            return block, reason or ("" if block.token_ids else self.policy.off_reason)
         block, first_token_accepted = await self.draft.at_hand(tokens, k, self.draft_wait_s(k))
         if first_token_accepted is not None:
             self.policy.observe_first_token(first_token_accepted)
@@ -168,7 +185,9 @@ class RequestSpeculation:
         if self.policy.step_while_drafting(k) and not self.draft.ahead_ready(tokens):
             return self.block, await self.draft.prefetch(tokens, k) or "stepped"
         self.asked_k = k
-        self.opening = self.draft.stream is None
+        # the first ask of the model reads the prompt, also where sized-only asks opened the stream before it
+        self.opening = self.draft.stream is None or not self.asked_model
+        self.asked_model = True
         block, reason = await self.draft.propose(tokens, k, self.draft_wait_s(k, self.opening))
         self.block_came_ahead = block.ahead
         return self._verified(block, reason, k)
@@ -226,7 +245,7 @@ class RequestSpeculation:
                 self.draft.link.pace.observe(prefetched_k, prefetch_s)
         if not round_.num_draft_tokens and round_.fallback in DRAFT_GAVE_NOTHING and asked_k and not reading:
             self.policy.observe(asked_k, 0, seconds)  # drafting's price, not a plain step's
-        elif not round_.num_draft_tokens and asked_k:
+        elif not round_.num_draft_tokens and (asked_k or self.sized_only):
             # asked, and nothing worth verifying came (no match, or a block too weak, or the draft is still reading
             # the prompt: a cost of the request's first round, not of a block of k): a plain step after the wait;
             # the wait is drafting's (`RoundCost.wait`), not a plain step's
@@ -234,7 +253,7 @@ class RequestSpeculation:
             self.policy.observe(0, 0, max(seconds - wait, 0.0), asked_k=asked_k)
         else:
             self.policy.observe(round_.num_draft_tokens, round_.num_accepted, seconds, asked_k=asked_k,
-                                num_chained=chained, num_forced=forced)
+                                num_chained=chained, num_forced=forced, sized=self.block.sized_by_draft)
         if round_.forward_s is not None:
             metrics.VERIFY_FORWARD_TIME.observe(round_.forward_s)
             if not round_.shared:

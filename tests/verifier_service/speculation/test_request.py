@@ -242,3 +242,81 @@ def test_a_streams_first_round_is_priced_without_the_drafts_prompt_read():
         await link.close()
 
     asyncio.run(asyncio.wait_for(scenario(), 30))
+
+
+def test_a_hybrids_suffix_block_is_priced_apart_from_the_model_blocks_k_sizes():
+    """The hybrid's suffix side answered with 8 tokens sized by its match, 2 accepted, at once (0.25 s): that round's
+    time and acceptance are not a model block's of 8, so neither enters the round times or the acceptance that size
+    the model side's k (which had made its blocks look cheap, and k too large); it is judged among blocks matched
+    as far, which cut the next such block. A model block is priced as always; from the suffix draft alone, which
+    sizes all its blocks, a sized block is too."""
+    from specdec.decoding.draft_block import DraftBlock
+
+    for sizes_all in (False, True):
+        cost = RoundCost()
+        policy = SpeculationPolicy(4, 16, cost=cost, draft_sizes_blocks=sizes_all)
+        speculation = RequestSpeculation(policy, None)
+        speculation.block, policy.cut_from = DraftBlock(list(range(8)), sized_by_draft=True), 8
+        speculation.record(Round(8, 2, 0.25))
+        assert (8 in cost.seconds) == sizes_all
+        assert cost.acceptance[True].judged == policy.acceptance.judged == (3.0 if sizes_all else 0.0)
+        assert cost.by_length[True] and next(iter(cost.by_length[True].values())).judged == 3.0
+        speculation.block = DraftBlock([1, 2, 3, 4])
+        speculation.record(Round(4, 4, 1.2))
+        assert cost.seconds[4].value == 1.2
+        assert policy.acceptance.accepted == pytest.approx(2 * 0.9 + 4 if sizes_all else 4.0)  # (decayed once)
+
+
+def test_where_the_hybrids_model_blocks_do_not_pay_its_suffix_side_is_still_asked(tiny_pair):
+    """The policy finds the draft's blocks do not pay (its round times say a model block of 4 costs what 4 plain
+    steps do): it decodes plainly, and a hybrid draft, which sizes some blocks at no forward's cost, is asked for
+    those alone (NextBlock.sized_only). On a repeated span its suffix side answers, the block is verified as a sized
+    one and priced apart (neither the round times nor the acceptance that decide k move); where it has nothing the
+    round is a plain step. A draft that sizes no blocks so is not asked."""
+    from draft_service.hybrid import HybridProposer
+    from draft_service.model_draft import ModelProposer
+    from draft_service.suffix import SuffixProposer
+    from specdec.modeling.models import load_causal_lm
+    from tests.draft_service.inprocess import draft_server
+    from tests.draft_service.test_hybrid import REPEATED, SPAN, UNSEEN, served_info
+    from tests.verifier_service.speculation.test_policy import cost_of
+
+    model = load_causal_lm(str(tiny_pair[1]))
+
+    async def scenario():
+        hybrid = HybridProposer(SuffixProposer(), ModelProposer(model), 4, longest=16)
+        async with draft_server(proposer=hybrid, info=served_info(model), max_speculative_tokens=16) as (address, _):
+            link = DraftLink(address, ServerConfig(), served_info(model, max_context=512), timeout_s=5.0)
+            await link.check_compatible()
+            cost = cost_of(0.1, 0.1, acceptance=0.3)  # a block of 4 costs 0.5 s against 0.1 s plain steps
+            for _ in range(3):
+                for n in (0, 4, 16):
+                    cost.observe_forward(n, 0.1 + 0.002 * n)  # of which the target's forward is nearly flat
+            policy = SpeculationPolicy(4, 16, cost=cost)
+            speculation = RequestSpeculation(policy, link.session("r", SamplingParams()))
+            k = speculation.block_size(100, 1000)
+            assert policy.off_reason == "not_paying" and speculation.sized_only and k == 16
+            block, reason = await speculation.propose(REPEATED, k)
+            assert reason == "" and block.sized_by_draft and block.token_ids == SPAN[12:12 + len(block.token_ids)]
+            assert len(block.token_ids) >= 1
+            seconds_before = {n: e.value for n, e in cost.seconds.items()}
+            judged_before = cost.acceptance[True].judged
+            speculation.record(Round(len(block.token_ids), len(block.token_ids), 0.12, draft_wait_s=0.01))
+            assert {n: e.value for n, e in cost.seconds.items()} == seconds_before
+            assert cost.acceptance[True].judged == judged_before and policy.acceptance.judged == 0
+            assert speculation.stats.num_drafts == 1
+
+            tokens = REPEATED + block.token_ids + [UNSEEN]
+            k = speculation.block_size(100, 1000)
+            assert speculation.sized_only
+            block, reason = await speculation.propose(tokens, k)
+            assert block.token_ids == [] and reason == "not_paying"
+            speculation.record(Round(0, 0, 0.11, draft_wait_s=0.01, fallback=reason))
+            assert cost.seconds[0].value < 0.11  # a plain step, its short wait not counted
+            speculation.close(None)
+            link.sizes_some_blocks = False
+            other = RequestSpeculation(SpeculationPolicy(4, 16, cost=cost), link.session("s", SamplingParams()))
+            assert other.block_size(100, 1000) == 0 and not other.sized_only
+            await link.close()
+
+    asyncio.run(asyncio.wait_for(scenario(), 60))
