@@ -25,4 +25,6 @@ STUDIES = {
     "claims": ("bench.studies.claims", "the talk's claims on a draft and target of one family: temperature, prompt "
                                        "length, memory"),
     "suffix-soak": ("bench.studies.suffix_soak", "the suffix cache's memory over a long run of requests"),
+    "grammar-cost": ("bench.studies.grammar_cost", "a constrained round's grammar work (matcher walk, mask, "
+                                                   "rollback) against the target's forward"),
 }
