@@ -214,7 +214,7 @@ def test_a_sized_only_ask_gets_the_suffix_sides_block_or_nothing_and_never_runs_
     assert HybridProposer.sizes_some_blocks and not SuffixProposer.sizes_some_blocks
 
 
-def test_the_draft_service_answers_sized_only_asks_and_refuses_them_on_a_pipelined_stream(model):
+def test_the_draft_service_answers_sized_only_asks_also_on_a_pipelined_stream(model):
     """Over gRPC: GetDraftInfo says the hybrid sizes some blocks, and the verifier's link reads it; a sized-only
     ask on the repeated span gets the suffix side's block marked sized, on unseen text an empty one; on a pipelined
     stream likewise, and no block is drafted ahead after it (that would run the model)."""

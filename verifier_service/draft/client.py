@@ -79,6 +79,11 @@ class DraftUnavailable(Exception):
     """The draft cannot serve this round; decode without it."""
 
 
+# Opening a stream (the tokenizer check on a new channel, the start with the prompt) may take this long however short
+# the rounds' floor (--draft-timeout-ms): connecting is not a round's wait, and with a floor of a few milliseconds a
+# busy machine never opened a stream at all
+OPEN_TIMEOUT_S = 1.0
+
 # What a broken, slow or vanished stream raises: the round decodes without the draft.
 STREAM_ERRORS = (grpc.aio.AioRpcError, asyncio.TimeoutError, asyncio.InvalidStateError, DraftUnavailable,
                  StreamEnded)
@@ -190,7 +195,7 @@ class DraftLink:
         """Start a sequence on a new Propose stream and return the call. Raises DraftUnavailable (and backs off)."""
         try:
             if not self.checked:
-                await asyncio.wait_for(self.check_compatible(), self.timeout_s)
+                await asyncio.wait_for(self.check_compatible(), max(self.timeout_s, OPEN_TIMEOUT_S))
             call = self.stub.Propose()
             start = draft_pb2.StartSequence(
                 request_id=request_id, prompt_token_ids=tokens, sampling=to_proto(sampling),
@@ -202,7 +207,8 @@ class DraftLink:
                 start.constraint.CopyFrom(constraint.constraint)
                 start.output_start = constraint.output_start
             try:
-                await asyncio.wait_for(call.write(draft_pb2.ProposeRequest(start=start)), self.timeout_s)
+                await asyncio.wait_for(call.write(draft_pb2.ProposeRequest(start=start)),
+                                       max(self.timeout_s, OPEN_TIMEOUT_S))
             except BaseException:  # failed, timed out or cancelled: the draft may hold the start; end the stream
                 _end(call)
                 raise
