@@ -311,7 +311,7 @@ class DraftSession:
                       sized_only: bool = False) -> tuple[DraftBlock, str]:
         """A block of up to k tokens after `tokens`, or an empty one and the reason it is empty ("timeout": no
         answer within wait_s, by default the link's timeout). sized_only: only a block the draft sizes at no
-        forward's cost, or none (NextBlock.sized_only; a stream that does not draft ahead)."""
+        forward's cost, or none (NextBlock.sized_only; on a pipelined stream nothing is drafted ahead after it)."""
         wait_s = self.link.timeout_s if wait_s is None else wait_s
         opening = self.stream is None
         reason = await self._ensure_stream(tokens)
