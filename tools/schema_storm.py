@@ -31,7 +31,7 @@ import grpc
 from specdec.runtime.limits import MAX_CONSTRAINT_BYTES
 from specdec.v1 import common_pb2, gateway_pb2
 from tools.oversize_storm import (Control, Watcher, add_target_options, attacker, gateway_target, health_within,
-                                  report, rss_mib)
+                                  health_within_under_load, report, rss_mib)
 
 GENERATE = "/specdec.v1.Gateway/Generate"
 
@@ -109,9 +109,11 @@ def storm(address: str, pid: int, schemas: int = 50, call_timeout_s: float = 30.
     }
 
 
-def passed(result: dict) -> dict[str, bool]:
+def passed(result: dict, shared_cores: bool = False) -> dict[str, bool]:
+    """The storm's bars; shared_cores: health held to health_within_under_load rather than every check."""
+    health = health_within_under_load if shared_cores else health_within
     return {
-        "health within 100 ms": health_within(result, 100.0),
+        "health within 100 ms": health(result, 100.0),
         "peak RSS up < 100 MB": result["rss_mib"]["sampled_peak"] - result["rss_mib"]["before"] < 100,
         "no INTERNAL or UNKNOWN": not {"INTERNAL", "UNKNOWN"} & set(result["codes"]),
     }
