@@ -91,6 +91,9 @@ class GrammarSequence(DraftSequence):
     def confirm(self, length: int) -> None:
         self.inner.confirm(length)
 
+    def set_min_sized(self, length: int) -> None:
+        self.inner.set_min_sized(length)
+
     def finish(self) -> None:
         self.inner.finish()
 

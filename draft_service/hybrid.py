@@ -7,11 +7,14 @@ better of n-gram and EAGLE per step reached 4.9x on code editing (arXiv 2601.115
 in that direction, composed of the two proposers as they are:
 
 - Each block comes from one side only. The suffix side is asked first, for as many tokens as its evidence goes (up to
-  the draft's --max-speculative-tokens); if it drafted at least --hybrid-min-suffix tokens on its match (chained
+  the draft's --max-speculative-tokens); if it drafted at least the round's threshold of tokens on its match (chained
   tokens not counted), its block is the answer. Its length is the evidence: suffix decoding drafts at most one token
   per matched token and stops where the continuation's estimated probability falls below --suffix-min-token-prob, so
   a long block means a long match that went on the same way often. Otherwise the suffix's tokens are retracted and
-  the model drafts k tokens.
+  the model drafts k tokens. The threshold is --hybrid-min-suffix, or the verifier's where it sends one
+  (NextBlock.min_sized, with its --hybrid-threshold priced: `SpeculationPolicy.min_sized`): the shortest match whose
+  block, at the acceptance the verifier has measured for matches that long and at the target's forward time alone,
+  emits more tokens per second than the model's block of k at its measured round time.
 - A suffix block is not cut to k: it says it was sized by its evidence (`DraftBlock.sized_by_draft`), and the
   verifier verifies it only as far as its tokens pay, as it does every block of the suffix draft alone, and does not
   time the draft's pace on it (it took no forward). The verifier's k prices the model side, whose
@@ -58,7 +61,8 @@ class HybridConfig:
 
     hybrid_min_suffix: int = option(4, "the suffix side answers a round when it drafts at least this many tokens on "
                                        "its match (it drafts at most one per matched token, while the continuation "
-                                       "stays likely); else the draft model drafts the block")
+                                       "stays likely); else the draft model drafts the block. Used until the verifier "
+                                       "sends its own threshold, priced from both sides' measured costs")
 
     def __post_init__(self):
         if self.hybrid_min_suffix < 1:
@@ -72,6 +76,7 @@ class HybridSequence(DraftSequence):
         self.suffix, self.model, self.min_suffix = suffix, model, min_suffix
         self.longest = longest  # the longest block the suffix side may size by its evidence (0: k)
         self.opened = False  # the first proposal was made (and the model side read the prompt)
+        self.asked_min = 0  # the verifier's threshold for the suffix side (NextBlock.min_sized; 0: min_suffix)
 
     @property
     def tokens(self) -> list[int]:
@@ -108,12 +113,16 @@ class HybridSequence(DraftSequence):
         metrics.HYBRID_BLOCKS.labels(source=self.source).inc()
         return block
 
+    def set_min_sized(self, length: int) -> None:
+        self.asked_min = length
+
     def _suffix_block(self, k: int) -> DraftBlock | None:
-        """The suffix side's block if it drafts at least min_suffix tokens on its match (adopted by the model side),
-        else None, the suffix's tokens retracted."""
+        """The suffix side's block if it drafts at least the verifier's threshold (else min_suffix) tokens on its
+        match (adopted by the model side), else None, the suffix's tokens retracted."""
         start = len(self.tokens)
-        block = self.suffix.propose(max(k, self.min_suffix, self.longest))
-        if len(block.token_ids) - block.num_chained < self.min_suffix:
+        threshold = self.asked_min or self.min_suffix
+        block = self.suffix.propose(max(k, threshold, self.longest))
+        if len(block.token_ids) - block.num_chained < threshold:
             self.suffix.retract(start)
             return None
         block = dataclasses.replace(block.cut(max(k, self.longest)), sized_by_draft=True)

@@ -71,6 +71,11 @@ class DraftSequence(abc.ABC):
         a proposer that sizes some of its blocks so (`Proposer.sizes_some_blocks`: the hybrid) has one."""
         return DraftBlock.empty()
 
+    def set_min_sized(self, length: int) -> None:
+        """The shortest match at which a block sized by its evidence answers rather than a model's block
+        (NextBlock.min_sized, the verifier's price of both; 0: the proposer's own rule), kept for the proposals after
+        it. Only a proposer that sizes some of its blocks (the hybrid) reads it."""
+
     @abc.abstractmethod
     def _truncate(self, length: int) -> None:
         """Drop tokens[length:] and any state derived from them."""

@@ -152,7 +152,7 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
         guess = 1 if ahead is not None and k and not block.sized_only \
             and block.keep_length + len(block.append_token_ids) + k < longest else 0
         proposal = await self._propose(sequence, block.keep_length, list(block.append_token_ids), k + guess if k else 0,
-                                       context, k, sized_only=block.sized_only)
+                                       context, k, sized_only=block.sized_only, min_sized=block.min_sized)
         if ahead is not None:
             ahead.answered(Block(len(sequence.tokens) - len(proposal.token_ids), list(proposal.token_ids), k))
         return inject_draft_token(self.config.inject_draft_token,
@@ -176,18 +176,21 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
         return inject_ahead_fault(self.config.inject_ahead_fault, message, self.info.vocab_size)
 
     async def _propose(self, sequence: DraftSequence, keep: int, append: list[int], n: int, context,
-                       k: int, assumed: bool = False, sized_only: bool = False) -> DraftBlock:
+                       k: int, assumed: bool = False, sized_only: bool = False,
+                       min_sized: int | None = None) -> DraftBlock:
         if self.config.inject_delay_ms:
             await asyncio.sleep(self.config.inject_delay_ms / 1000)
         started = time.perf_counter()
         try:
-            proposal = await self._run(self._step, sequence, keep, append, n, assumed, sized_only)
+            proposal = await self._run(self._step, sequence, keep, append, n, assumed, sized_only, min_sized)
         except ProposerError as exc:  # the proposer's own refusal
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"next: {exc}")
         event = {"k": k, "proposed": min(k, len(proposal.token_ids)),
                  "ms": round((time.perf_counter() - started) * 1000, 3)}
         if sequence.source:  # hybrid: the side that drafted the block
             event["source"] = sequence.source
+        if min_sized:  # the verifier's threshold for the suffix side (NextBlock.min_sized)
+            event["min_sized"] = min_sized
         trace.get_current_span().add_event("propose", event)
         return proposal
 
@@ -207,8 +210,11 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
 
     @staticmethod
     def _step(sequence: DraftSequence, keep_length: int, append: list[int], n: int, assumed: bool,
-              sized_only: bool = False) -> DraftBlock:
+              sized_only: bool = False, min_sized: int | None = None) -> DraftBlock:
+        """Sync, then propose n tokens; min_sized: the round's NextBlock.min_sized (None, drafting ahead: the last)."""
         sequence.update(keep_length, append, assumed)
+        if min_sized is not None:
+            sequence.set_min_sized(min_sized)
         if not n:
             return DraftBlock.empty()
         return sequence.propose_sized(n) if sized_only else sequence.propose(n)

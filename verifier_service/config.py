@@ -41,6 +41,11 @@ class VerifierConfig(ModelConfig, GrammarCompileConfig, InternalServiceConfig):
         "auto", "a round with no block at hand: auto weighs waiting for the draft's answer against decoding a plain "
                 "step meanwhile and verifying the block after it (only where the answer takes over 1/20 of a step); "
                 "wait always waits; step always steps (any draft, any k)", choices=["auto", "wait", "step"])
+    hybrid_threshold: str = option(
+        "draft", "a draft that sizes some blocks at no forward's cost (--method hybrid: its suffix side): draft leaves "
+                 "the choice between its suffix and model blocks to the draft's own rule (--hybrid-min-suffix); "
+                 "priced sends, each round, the shortest match whose block this verifier's measured prices put above "
+                 "the model's (NextBlock.min_sized; docs/design.md)", choices=["draft", "priced"])
     draft_wait_s: float = option(30.0, "at start-up, wait this long for the draft to check its tokenizer")
     max_sequences: int = option(64, "live sequences at most; more get RESOURCE_EXHAUSTED")
     max_cache_tokens: int = option(262144, "tokens (prompt + max_tokens, reserved) in all KV caches at most")

@@ -115,7 +115,7 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServiceServicer):
         policy = SpeculationPolicy(self.config.num_speculative_tokens, self.config.max_speculative_tokens,
                                    spec.num_speculative_tokens, self.config.spec_max_concurrency, self.round_cost,
                                    spec.sampling.greedy, self.draft is not None and self.draft.sizes_blocks,
-                                   self.config.far_draft)
+                                   self.config.far_draft, self.config.hybrid_threshold == "priced")
         draft = None
         if self.draft is not None:
             # An engine that takes no q (vLLM's custom proposers) gets greedy drafts: one-hot q is then exact.

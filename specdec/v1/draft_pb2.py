@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from specdec.v1 import common_pb2 as specdec_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16specdec/v1/draft.proto\x12\nspecdec.v1\x1a\x17specdec/v1/common.proto\"k\n\x0eProposeRequest\x12*\n\x05start\x18\x01 \x01(\x0b\x32\x19.specdec.v1.StartSequenceH\x00\x12%\n\x04next\x18\x02 \x01(\x0b\x32\x15.specdec.v1.NextBlockH\x00\x42\x06\n\x04kind\"\xfa\x01\n\rStartSequence\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\x05\x12,\n\x08sampling\x18\x03 \x01(\x0b\x32\x1a.specdec.v1.SamplingParams\x12\x14\n\x0creturn_probs\x18\x04 \x01(\x08\x12\x0e\n\x06tenant\x18\x05 \x01(\t\x12\x13\n\x0bmax_context\x18\x06 \x01(\r\x12\x10\n\x08pipeline\x18\x07 \x01(\x08\x12*\n\nconstraint\x18\x08 \x01(\x0b\x32\x16.specdec.v1.Constraint\x12\x14\n\x0coutput_start\x18\t \x01(\r\"q\n\tNextBlock\x12\x13\n\x0bkeep_length\x18\x01 \x01(\r\x12\x18\n\x10\x61ppend_token_ids\x18\x02 \x03(\x05\x12\x12\n\nnum_tokens\x18\x03 \x01(\r\x12\r\n\x05round\x18\x04 \x01(\r\x12\x12\n\nsized_only\x18\x05 \x01(\x08\"\xe0\x01\n\x0fProposeResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\r\n\x05probs\x18\x02 \x01(\x0c\x12\x17\n\x0fsequence_length\x18\x03 \x01(\r\x12\r\n\x05round\x18\x04 \x01(\r\x12*\n\x05\x61head\x18\x05 \x01(\x0b\x32\x1b.specdec.v1.AheadAssumption\x12\x16\n\x0e\x61nswered_ahead\x18\x06 \x01(\x08\x12\x13\n\x0bnum_chained\x18\x07 \x01(\r\x12\x12\n\nnum_forced\x18\x08 \x01(\r\x12\x16\n\x0esized_by_draft\x18\t \x01(\x08\"@\n\x0f\x41headAssumption\x12\x13\n\x0bkeep_length\x18\x01 \x01(\r\x12\x18\n\x10\x61ppend_token_ids\x18\x02 \x03(\x05\"\x15\n\x13GetDraftInfoRequest\"\x9c\x01\n\x14GetDraftInfoResponse\x12#\n\x04info\x18\x01 \x01(\x0b\x32\x15.specdec.v1.ModelInfo\x12\x0e\n\x06method\x18\x02 \x01(\t\x12\x1e\n\x16max_speculative_tokens\x18\x03 \x01(\r\x12\x14\n\x0csizes_blocks\x18\x04 \x01(\x08\x12\x19\n\x11sizes_some_blocks\x18\x05 \x01(\x08\x32\xa9\x01\n\x0c\x44raftService\x12\x46\n\x07Propose\x12\x1a.specdec.v1.ProposeRequest\x1a\x1b.specdec.v1.ProposeResponse(\x01\x30\x01\x12Q\n\x0cGetDraftInfo\x12\x1f.specdec.v1.GetDraftInfoRequest\x1a .specdec.v1.GetDraftInfoResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16specdec/v1/draft.proto\x12\nspecdec.v1\x1a\x17specdec/v1/common.proto\"k\n\x0eProposeRequest\x12*\n\x05start\x18\x01 \x01(\x0b\x32\x19.specdec.v1.StartSequenceH\x00\x12%\n\x04next\x18\x02 \x01(\x0b\x32\x15.specdec.v1.NextBlockH\x00\x42\x06\n\x04kind\"\xfa\x01\n\rStartSequence\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\x05\x12,\n\x08sampling\x18\x03 \x01(\x0b\x32\x1a.specdec.v1.SamplingParams\x12\x14\n\x0creturn_probs\x18\x04 \x01(\x08\x12\x0e\n\x06tenant\x18\x05 \x01(\t\x12\x13\n\x0bmax_context\x18\x06 \x01(\r\x12\x10\n\x08pipeline\x18\x07 \x01(\x08\x12*\n\nconstraint\x18\x08 \x01(\x0b\x32\x16.specdec.v1.Constraint\x12\x14\n\x0coutput_start\x18\t \x01(\r\"\x84\x01\n\tNextBlock\x12\x13\n\x0bkeep_length\x18\x01 \x01(\r\x12\x18\n\x10\x61ppend_token_ids\x18\x02 \x03(\x05\x12\x12\n\nnum_tokens\x18\x03 \x01(\r\x12\r\n\x05round\x18\x04 \x01(\r\x12\x12\n\nsized_only\x18\x05 \x01(\x08\x12\x11\n\tmin_sized\x18\x06 \x01(\r\"\xe0\x01\n\x0fProposeResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\r\n\x05probs\x18\x02 \x01(\x0c\x12\x17\n\x0fsequence_length\x18\x03 \x01(\r\x12\r\n\x05round\x18\x04 \x01(\r\x12*\n\x05\x61head\x18\x05 \x01(\x0b\x32\x1b.specdec.v1.AheadAssumption\x12\x16\n\x0e\x61nswered_ahead\x18\x06 \x01(\x08\x12\x13\n\x0bnum_chained\x18\x07 \x01(\r\x12\x12\n\nnum_forced\x18\x08 \x01(\r\x12\x16\n\x0esized_by_draft\x18\t \x01(\x08\"@\n\x0f\x41headAssumption\x12\x13\n\x0bkeep_length\x18\x01 \x01(\r\x12\x18\n\x10\x61ppend_token_ids\x18\x02 \x03(\x05\"\x15\n\x13GetDraftInfoRequest\"\x9c\x01\n\x14GetDraftInfoResponse\x12#\n\x04info\x18\x01 \x01(\x0b\x32\x15.specdec.v1.ModelInfo\x12\x0e\n\x06method\x18\x02 \x01(\t\x12\x1e\n\x16max_speculative_tokens\x18\x03 \x01(\r\x12\x14\n\x0csizes_blocks\x18\x04 \x01(\x08\x12\x19\n\x11sizes_some_blocks\x18\x05 \x01(\x08\x32\xa9\x01\n\x0c\x44raftService\x12\x46\n\x07Propose\x12\x1a.specdec.v1.ProposeRequest\x1a\x1b.specdec.v1.ProposeResponse(\x01\x30\x01\x12Q\n\x0cGetDraftInfo\x12\x1f.specdec.v1.GetDraftInfoRequest\x1a .specdec.v1.GetDraftInfoResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,16 +36,16 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PROPOSEREQUEST']._serialized_end=170
   _globals['_STARTSEQUENCE']._serialized_start=173
   _globals['_STARTSEQUENCE']._serialized_end=423
-  _globals['_NEXTBLOCK']._serialized_start=425
-  _globals['_NEXTBLOCK']._serialized_end=538
-  _globals['_PROPOSERESPONSE']._serialized_start=541
-  _globals['_PROPOSERESPONSE']._serialized_end=765
-  _globals['_AHEADASSUMPTION']._serialized_start=767
-  _globals['_AHEADASSUMPTION']._serialized_end=831
-  _globals['_GETDRAFTINFOREQUEST']._serialized_start=833
-  _globals['_GETDRAFTINFOREQUEST']._serialized_end=854
-  _globals['_GETDRAFTINFORESPONSE']._serialized_start=857
-  _globals['_GETDRAFTINFORESPONSE']._serialized_end=1013
-  _globals['_DRAFTSERVICE']._serialized_start=1016
-  _globals['_DRAFTSERVICE']._serialized_end=1185
+  _globals['_NEXTBLOCK']._serialized_start=426
+  _globals['_NEXTBLOCK']._serialized_end=558
+  _globals['_PROPOSERESPONSE']._serialized_start=561
+  _globals['_PROPOSERESPONSE']._serialized_end=785
+  _globals['_AHEADASSUMPTION']._serialized_start=787
+  _globals['_AHEADASSUMPTION']._serialized_end=851
+  _globals['_GETDRAFTINFOREQUEST']._serialized_start=853
+  _globals['_GETDRAFTINFOREQUEST']._serialized_end=874
+  _globals['_GETDRAFTINFORESPONSE']._serialized_start=877
+  _globals['_GETDRAFTINFORESPONSE']._serialized_end=1033
+  _globals['_DRAFTSERVICE']._serialized_start=1036
+  _globals['_DRAFTSERVICE']._serialized_end=1205
 # @@protoc_insertion_point(module_scope)

@@ -38,18 +38,20 @@ class StartSequence(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., return_probs: _Optional[bool] = ..., tenant: _Optional[str] = ..., max_context: _Optional[int] = ..., pipeline: _Optional[bool] = ..., constraint: _Optional[_Union[_common_pb2.Constraint, _Mapping]] = ..., output_start: _Optional[int] = ...) -> None: ...
 
 class NextBlock(_message.Message):
-    __slots__ = ("keep_length", "append_token_ids", "num_tokens", "round", "sized_only")
+    __slots__ = ("keep_length", "append_token_ids", "num_tokens", "round", "sized_only", "min_sized")
     KEEP_LENGTH_FIELD_NUMBER: _ClassVar[int]
     APPEND_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     NUM_TOKENS_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
     SIZED_ONLY_FIELD_NUMBER: _ClassVar[int]
+    MIN_SIZED_FIELD_NUMBER: _ClassVar[int]
     keep_length: int
     append_token_ids: _containers.RepeatedScalarFieldContainer[int]
     num_tokens: int
     round: int
     sized_only: bool
-    def __init__(self, keep_length: _Optional[int] = ..., append_token_ids: _Optional[_Iterable[int]] = ..., num_tokens: _Optional[int] = ..., round: _Optional[int] = ..., sized_only: _Optional[bool] = ...) -> None: ...
+    min_sized: int
+    def __init__(self, keep_length: _Optional[int] = ..., append_token_ids: _Optional[_Iterable[int]] = ..., num_tokens: _Optional[int] = ..., round: _Optional[int] = ..., sized_only: _Optional[bool] = ..., min_sized: _Optional[int] = ...) -> None: ...
 
 class ProposeResponse(_message.Message):
     __slots__ = ("token_ids", "probs", "sequence_length", "round", "ahead", "answered_ahead", "num_chained", "num_forced", "sized_by_draft")

@@ -115,6 +115,25 @@ def test_a_match_shorter_than_the_threshold_goes_to_the_model(model):
     assert in_step(weak) and in_step(strong)
 
 
+def test_the_verifiers_threshold_replaces_the_drafts_own_until_it_asks_for_that_again(model):
+    """NextBlock.min_sized, the verifier's price of both sides: at 2 a 2-token match answers although
+    --hybrid-min-suffix is 4; at 0 the draft's own rule is back; past the match the model drafts."""
+    prompt = UNIQUE + [7, 8, 9] + UNIQUE[-2:]
+    seq = start(model, prompt, min_suffix=4)
+    seq.set_min_sized(2)
+    block = seq.propose(4)
+    assert seq.source == "suffix" and block.token_ids[:2] == [7, 8] and block.sized_by_draft
+    for asked, source in ((0, "model"), (9, "model")):
+        again = start(model, prompt, min_suffix=4)
+        again.set_min_sized(asked)
+        again.propose(4)
+        assert again.source == source and in_step(again)
+    strong = start(model, REPEATED, min_suffix=4)
+    strong.set_min_sized(13)  # a 12-token match is not long enough for it
+    strong.propose(4)
+    assert strong.source == "model"
+
+
 def test_the_threshold_is_judged_on_the_match_even_below_it(model):
     """k smaller than --hybrid-min-suffix: the suffix side still needs a match that long, and answers k tokens."""
     seq = start(model, REPEATED, min_suffix=4)

@@ -308,10 +308,11 @@ class DraftSession:
         return ""
 
     async def propose(self, tokens: list[int], k: int, wait_s: float | None = None,
-                      sized_only: bool = False) -> tuple[DraftBlock, str]:
+                      sized_only: bool = False, min_sized: int = 0) -> tuple[DraftBlock, str]:
         """A block of up to k tokens after `tokens`, or an empty one and the reason it is empty ("timeout": no
         answer within wait_s, by default the link's timeout). sized_only: only a block the draft sizes at no
-        forward's cost, or none (NextBlock.sized_only; on a pipelined stream nothing is drafted ahead after it)."""
+        forward's cost, or none (NextBlock.sized_only; on a pipelined stream nothing is drafted ahead after it).
+        min_sized: the shortest match at which such a block answers rather than the model's (NextBlock.min_sized)."""
         wait_s = self.link.timeout_s if wait_s is None else wait_s
         opening = self.stream is None
         reason = await self._ensure_stream(tokens)
@@ -323,7 +324,7 @@ class DraftSession:
         stream = self.stream
         try:
             response, ahead = await asyncio.wait_for(
-                stream.next_block(self.synced, tokens[self.synced:], k, sized_only), wait_s)
+                stream.next_block(self.synced, tokens[self.synced:], k, sized_only, min_sized), wait_s)
         except STREAM_ERRORS as exc:
             if opening and isinstance(exc, asyncio.TimeoutError) and self.stream is stream:
                 return DraftBlock.empty(), self._read_prompt_behind(stream, tokens, k, wait_s)
@@ -347,17 +348,19 @@ class DraftSession:
         """Whether the draft's block drafted ahead for `tokens` has arrived (propose would use it at once)."""
         return self.stream is not None and self.stream.ahead_ready(self.synced, tokens[self.synced:])
 
-    async def prefetch(self, tokens: list[int], k: int) -> str:
+    async def prefetch(self, tokens: list[int], k: int, min_sized: int = 0) -> str:
         """Ask for a block after `tokens` without waiting: the verifier decodes a plain step meanwhile, and the
         next round finds the answer (`at_hand`). One token more than k is asked, so that the block still holds
-        k after the plain step's token, if the draft guessed that token. "" or why nothing was asked."""
+        k after the plain step's token, if the draft guessed that token (min_sized: as `propose`'s). "" or why
+        nothing was asked."""
         reason = await self._ensure_stream(tokens)
         if reason:
             return reason
         k = min(k + 1, self.link.max_k) if self.link.max_k else k + 1
         stream = self.stream
         try:
-            round_ = await asyncio.wait_for(stream.send(self.synced, tokens[self.synced:], k), self.link.timeout_s)
+            round_ = await asyncio.wait_for(stream.send(self.synced, tokens[self.synced:], k, min_sized=min_sized),
+                                            self.link.timeout_s)
         except STREAM_ERRORS as exc:
             return self._round_failed(stream, exc)
         self.synced = len(tokens)

@@ -112,13 +112,14 @@ class ProposeStream:
         return (message.HasField("ahead") and message.round == round_ and message.ahead.keep_length == keep_length
                 and list(message.ahead.append_token_ids) == append_token_ids)
 
-    async def send(self, keep_length: int, append_token_ids: list[int], k: int, sized_only: bool = False) -> int:
-        """Sync the draft and ask for up to k tokens (sized_only: NextBlock.sized_only), without waiting for the
+    async def send(self, keep_length: int, append_token_ids: list[int], k: int, sized_only: bool = False,
+                   min_sized: int = 0) -> int:
+        """Sync the draft and ask for up to k tokens (sized_only, min_sized: NextBlock's), without waiting for the
         answer; the round asked."""
         self.round += 1
         await self.call.write(draft_pb2.ProposeRequest(next=draft_pb2.NextBlock(
             keep_length=keep_length, append_token_ids=append_token_ids, num_tokens=k, round=self.round,
-            sized_only=sized_only)))
+            sized_only=sized_only, min_sized=min_sized)))
         return self.round
 
     async def answer(self, round_: int) -> draft_pb2.ProposeResponse:
@@ -144,11 +145,11 @@ class ProposeStream:
         """Whether a block drafted ahead for the next round, assuming exactly this sync, has arrived."""
         return any(self._assumes(message, self.round + 1, keep_length, append_token_ids) for message in self.inbox)
 
-    async def next_block(self, keep_length: int, append_token_ids: list[int], k: int,
-                         sized_only: bool = False) -> tuple[draft_pb2.ProposeResponse, bool]:
-        """Sync the draft and ask for up to k tokens (sized_only: NextBlock.sized_only); (the round's block, whether
-        it came ahead). A block the draft says came ahead but that was discarded here is an empty message."""
-        await self.send(keep_length, append_token_ids, k, sized_only)
+    async def next_block(self, keep_length: int, append_token_ids: list[int], k: int, sized_only: bool = False,
+                         min_sized: int = 0) -> tuple[draft_pb2.ProposeResponse, bool]:
+        """Sync the draft and ask for up to k tokens (sized_only, min_sized: NextBlock's); (the round's block,
+        whether it came ahead). A block the draft says came ahead but that was discarded here is an empty message."""
+        await self.send(keep_length, append_token_ids, k, sized_only, min_sized)
         while True:
             while self.inbox:
                 message = self.inbox.popleft()

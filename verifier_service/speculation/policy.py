@@ -388,7 +388,7 @@ class StepCost:
 class SpeculationPolicy:
     def __init__(self, default_k: int, max_k: int, requested_k: int | None = None, max_concurrency: int = 0,
                  cost: RoundCost | None = None, greedy: bool = True, draft_sizes_blocks: bool = False,
-                 far_draft: str = "auto"):
+                 far_draft: str = "auto", priced_threshold: bool = False):
         self.max_k = max_k
         self.fixed = requested_k is not None
         self.k = min(max_k, default_k if requested_k is None else requested_k)
@@ -397,6 +397,7 @@ class SpeculationPolicy:
         self.greedy = greedy
         self.draft_sizes_blocks = draft_sizes_blocks  # ask for max_k whenever drafting pays: the draft cuts it
         self.far_draft = far_draft  # auto: step_while_drafting weighs it; wait / step: always that (--far-draft)
+        self.priced_threshold = priced_threshold  # min_sized prices the hybrid's sides (--hybrid-threshold priced)
         self.acceptance = Acceptance(DECAY)  # this request's
         self.cooldown = 0  # plain rounds left before speculation is retried
         self.next_cooldown = COOLDOWN_ROUNDS
@@ -540,7 +541,8 @@ class SpeculationPolicy:
         hybrid draft's suffix side): cut as a sizing draft's."""
         matched = num_tokens - num_chained - num_forced
         times = self.cut_times if self.draft_sizes_blocks or sized else None
-        self.cut_from = matched
+        # only a block the draft sized files its evidence by its match (a model block's length is the k asked)
+        self.cut_from = matched if self.draft_sizes_blocks or sized else 0
         if times is None or not num_tokens:
             return matched if num_chained else num_tokens
         sunk = self.cost.wait.value or 0.0  # the draft's answer is here: its wait is no longer a cost of verifying
@@ -549,6 +551,20 @@ class SpeculationPolicy:
             # this block's, which came at once; what verifying it costs is the forward alone
             times, sunk = self.cost.forward_times(len(times) - 1) or times, 0.0
         alpha = min(self.alpha() if self.cut_alpha is None else self.cut_alpha, 0.999)
+        best, _ = self._best_prefix(num_tokens, num_chained, num_forced, times[:1] + [t - sunk for t in times[1:]],
+                                    alpha)
+        alike = self.cost.by_length[self.greedy].get(min(matched, LENGTH_BUCKETS))
+        if alike is not None and best < matched:
+            alike.fade()
+        return best
+
+    def _best_prefix(self, num_tokens: int, num_chained: int, num_forced: int, times: list[float],
+                     alpha: float) -> tuple[int, float]:
+        """(n, its expected tokens per second): the prefix of a block, from none to all of its num_tokens, that emits
+        the most tokens per second when a round verifying n costs times[n]. Its matched tokens are accepted with the
+        acceptance of blocks matched as far (`RoundCost.by_length`, alpha as its prior), each chained one with the
+        server-wide acceptance of chained tokens, each forced one with that of forced tokens."""
+        matched = num_tokens - num_chained - num_forced
         alike = self.cost.by_length[self.greedy].get(min(matched, LENGTH_BUCKETS))  # blocks matched as far
         if alike is not None:
             alpha = min(alike.upper(prior=alpha), 0.999)
@@ -560,12 +576,38 @@ class SpeculationPolicy:
         for n in range(1, longest + 1):
             reach *= alpha if n <= matched else alpha_chained if n <= matched + num_chained else alpha_forced
             tokens += reach
-            rate = tokens / max(times[n] - sunk, 1e-9)
+            rate = tokens / max(times[n], 1e-9)
             if rate > best_rate:
                 best, best_rate = n, rate
-        if alike is not None and best < matched:
-            alike.fade()
-        return best
+        return best, best_rate
+
+    def min_sized(self, k: int, sized_only: bool = False) -> int:
+        """With priced_threshold (--hybrid-threshold priced), for a draft that sizes some of its blocks by their
+        evidence at no forward's cost (the hybrid's suffix side; its other blocks, the model's, cost a forward per
+        token): the shortest match at which such a block answers this round of k (NextBlock.min_sized). In a
+        sized-only round (`sized_only_k`: the model's blocks do not pay) any match, 1: `cut_block` verifies the block
+        only as far as it pays. Else the shortest match at which such a block is worth more than the model's block
+        of k: its worth is its expected tokens per second verified as far as it pays (`_best_prefix`, on the
+        forward's times plus a plain round's overhead beyond its forward, with the acceptance of blocks matched as
+        far); the model block's is E(k, alpha) / T(k) on the round times k was chosen on; max_k + 1 where no match
+        pays more. 0 (the draft's own rule) without priced_threshold, where the policy did not choose k (a fixed k,
+        a retry), or before a forward was timed."""
+        if not self.priced_threshold or k <= 0:
+            return 0
+        if sized_only:
+            return 1
+        times = self.cut_times
+        forward = self.cost.forward_times(self.max_k)
+        if times is None or forward is None or not 0 < k < len(times):
+            return 0
+        alpha = min(self.alpha() if self.cut_alpha is None else self.cut_alpha, 0.999)
+        model_rate = expected_tokens(alpha, k) / times[k]
+        overhead = max(times[0] - forward[0], 0.0)  # a round's sampling, bookkeeping and transport
+        sized_times = [t + overhead for t in forward]
+        for length in range(1, self.max_k + 1):
+            if self._best_prefix(length, 0, 0, sized_times, alpha)[1] >= model_rate:
+                return length
+        return self.max_k + 1
 
     def observe(self, num_draft_tokens: int, num_accepted: int, round_s: float, asked_k: int = 0,
                 num_chained: int = 0, num_forced: int = 0, sized: bool = False) -> None:

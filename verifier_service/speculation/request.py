@@ -137,19 +137,24 @@ class RequestSpeculation:
         self.opening = False  # the last ask opened the draft stream (the draft read the prompt before drafting)
         self.asked_model = False  # a block was asked of the draft as k sized it (not only sized-only asks)
         self.sized_only = False  # this round asks only for a block the draft sizes at no forward's cost
+        self.min_sized = 0  # the shortest match at which such a block answers this round (NextBlock.min_sized)
 
     def block_size(self, remaining_tokens: int, remaining_context: int, batch: Batch | None = None) -> int:
         """k for the next round (0: a plain step); `batch`: the rest of the engine step the block would join."""
-        self.sized_only = False
+        self.sized_only, self.min_sized = False, 0
         if self.draft is None:
             return 0
         k = self.policy.block_size(remaining_tokens, remaining_context, self.live_sequences(), batch,
                                    self.draft.link.pace)
         link = self.draft.link
-        if k == 0 and link.sizes_some_blocks and self.draft.prefetched is None and not self.draft.reading_prompt:
+        if not link.sizes_some_blocks:
+            return k
+        if k:  # which of the draft's blocks is worth more, by the prices of both (the hybrid: suffix or model)
+            self.min_sized = self.policy.min_sized(k)
+        elif self.draft.prefetched is None and not self.draft.reading_prompt:
             # the draft's model blocks do not pay, but its free ones may (the hybrid's suffix side): ask for those
             k = self.policy.sized_only_k(remaining_tokens, remaining_context)
-            self.sized_only = k > 0
+            self.sized_only, self.min_sized = k > 0, self.policy.min_sized(k, sized_only=True)
         return k
 
     def draft_wait_s(self, k: int, opening: bool = False) -> float:
@@ -171,7 +176,8 @@ class RequestSpeculation:
         if self.draft is None or k == 0:
             return self.block, self.policy.off_reason if self.draft is not None else ""
         if self.sized_only:  # no model forward asked: the answer is at once (the link's floor is its wait)
-            block, reason = await self.draft.propose(tokens, k, self.draft.link.timeout_s, sized_only=True)
+            block, reason = await self.draft.propose(tokens, k, self.draft.link.timeout_s, sized_only=True,
+                                                     min_sized=self.min_sized)
             block, reason = self._verified(block, reason, k)
             return block, reason or ("" if block.token_ids else self.policy.off_reason)
         block, first_token_accepted = await self.draft.at_hand(tokens, k, self.draft_wait_s(k))
@@ -183,12 +189,13 @@ class RequestSpeculation:
         if self.draft.reading_prompt:  # the draft's first answer is still to come: a plain step, asking nothing
             return self.block, "reading_prompt"
         if self.policy.step_while_drafting(k) and not self.draft.ahead_ready(tokens):
-            return self.block, await self.draft.prefetch(tokens, k) or "stepped"
+            return self.block, await self.draft.prefetch(tokens, k, self.min_sized) or "stepped"
         self.asked_k = k
         # the first ask of the model reads the prompt, also where sized-only asks opened the stream before it
         self.opening = self.draft.stream is None or not self.asked_model
         self.asked_model = True
-        block, reason = await self.draft.propose(tokens, k, self.draft_wait_s(k, self.opening))
+        block, reason = await self.draft.propose(tokens, k, self.draft_wait_s(k, self.opening),
+                                                 min_sized=self.min_sized)
         self.block_came_ahead = block.ahead
         return self._verified(block, reason, k)
 

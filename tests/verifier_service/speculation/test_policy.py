@@ -518,3 +518,56 @@ def test_a_prefetched_block_whose_first_token_was_wrong_ends_a_retry_and_is_not_
     policy.probing = True
     policy.observe_first_token(True)
     assert policy.probing  # the retry goes on: its block is verified next
+
+
+def hybrid_policy(model_round_s: dict[int, float], suffix_alpha_by_length: dict[int, float],
+                  requested_k: int | None = None, priced: bool = True) -> SpeculationPolicy:
+    """A hybrid's policy (--hybrid-threshold priced unless `priced` is False): model blocks timed at `model_round_s`
+    (plain steps 0.1 s), accepted at 0.8; the target's forward nearly flat (0.09 s + 2 ms a token); the suffix side's
+    blocks accepted by matched length as given."""
+    cost = timed(model_round_s)
+    for _ in range(3):
+        for n in range(9):
+            cost.observe_forward(n, 0.09 + 0.002 * n)
+    cost.acceptance[True] = seen(0.8)
+    cost.by_length[True] = {length: seen(alpha, 50) for length, alpha in suffix_alpha_by_length.items()}
+    return SpeculationPolicy(default_k=4, max_k=8, requested_k=requested_k, cost=cost, priced_threshold=priced)
+
+
+def test_the_hybrids_suffix_side_answers_from_the_match_whose_block_is_worth_more_than_the_models():
+    """NextBlock.min_sized from both sides' prices: a suffix block of a given match is verified on the forward alone
+    (no draft time) with the acceptance of blocks matched as far; a model block of k costs its measured round. Dear
+    model blocks lose to a 1-token match; cheap ones beat matches shorter than 3; a suffix side that is seldom
+    right never answers; a fixed k, and the default --hybrid-threshold draft, leave the draft its own rule; a
+    sized-only round (the model's blocks do not pay) takes any match."""
+    suffix = {1: 0.3, 2: 0.5, 3: 0.7, 4: 0.85, 5: 0.9, 6: 0.9, 7: 0.9, 8: 0.9}
+    dear = {0: 0.1, 1: 0.16, 2: 0.2, 4: 0.28, 8: 0.45}
+    cheap = {0: 0.1, 1: 0.11, 2: 0.12, 4: 0.14, 8: 0.18}
+    thresholds = {}
+    for name, times, alphas in (("dear", dear, suffix), ("cheap", cheap, suffix),
+                                ("seldom right", cheap, dict.fromkeys(range(1, 9), 0.05))):
+        policy = hybrid_policy(times, alphas)
+        k = policy.block_size(1000, 1000)
+        assert k > 0
+        thresholds[name] = policy.min_sized(k)
+    assert thresholds == {"dear": 1, "cheap": 3, "seldom right": 9}
+    fixed = hybrid_policy(cheap, suffix, requested_k=4)
+    assert fixed.min_sized(fixed.block_size(1000, 1000)) == 0
+    drafts_rule = hybrid_policy(dear, suffix, priced=False)
+    k = drafts_rule.block_size(1000, 1000)
+    assert k > 0 and drafts_rule.min_sized(k) == 0 and drafts_rule.min_sized(k, sized_only=True) == 0
+    assert hybrid_policy(dear, suffix).min_sized(8, sized_only=True) == 1
+
+
+def test_only_blocks_the_draft_sized_file_evidence_by_their_length():
+    """A hybrid's model block of 4 says nothing of how often a 4-token suffix match is right: it is not filed under
+    `by_length`, which prices the suffix side; the suffix side's sized block is."""
+    policy = hybrid_policy({0: 0.1, 4: 0.14}, {})
+    policy.block_size(1000, 1000)
+    policy.cut_block(4, 0)
+    policy.observe(4, 1, 0.14)
+    assert policy.cost.by_length[True] == {}
+    policy.block_size(1000, 1000)
+    policy.cut_block(4, 0, sized=True)
+    policy.observe(4, 1, 0.1, sized=True)
+    assert set(policy.cost.by_length[True]) == {4}

@@ -320,3 +320,42 @@ def test_where_the_hybrids_model_blocks_do_not_pay_its_suffix_side_is_still_aske
             await link.close()
 
     asyncio.run(asyncio.wait_for(scenario(), 60))
+
+
+def test_the_verifier_tells_the_hybrid_at_which_match_its_suffix_side_answers(tiny_pair):
+    """With --hybrid-threshold priced, where the model's blocks pay but dearly, the policy prices a suffix block of a
+    1-token match above them (NextBlock.min_sized = 1), and the draft's suffix side answers a 2-token match, which
+    its own rule (--hybrid-min-suffix 4) would have given to the model. A fixed k, or the default --hybrid-threshold
+    draft, sends no threshold: the model drafts."""
+    from draft_service.hybrid import HybridProposer
+    from draft_service.model_draft import ModelProposer
+    from draft_service.suffix import SuffixProposer
+    from specdec.modeling.models import load_causal_lm
+    from tests.draft_service.inprocess import draft_server
+    from tests.draft_service.test_hybrid import UNIQUE, served_info
+    from tests.verifier_service.speculation.test_policy import hybrid_policy
+
+    model = load_causal_lm(str(tiny_pair[1]))
+    prompt = UNIQUE + [7, 8, 9] + UNIQUE[-2:]  # the last 2 tokens occurred before: a 2-token match
+    suffix = {1: 0.3, 2: 0.5, 3: 0.7, 4: 0.85}
+    dear = {0: 0.1, 1: 0.16, 2: 0.2, 4: 0.28, 8: 0.45}
+
+    async def scenario():
+        hybrid = HybridProposer(SuffixProposer(), ModelProposer(model), 4, longest=8)
+        async with draft_server(proposer=hybrid, info=served_info(model), max_speculative_tokens=8) as (address, _):
+            link = DraftLink(address, ServerConfig(), served_info(model, max_context=512), timeout_s=5.0)
+            await link.check_compatible()
+            assert link.sizes_some_blocks
+            sources = {}
+            for name, requested_k, priced in (("priced", None, True), ("fixed", 4, True), ("draft", None, False)):
+                policy = hybrid_policy(dear, suffix, requested_k, priced)
+                speculation = RequestSpeculation(policy, link.session(name, SamplingParams()))
+                k = speculation.block_size(100, 1000)
+                block, reason = await speculation.propose(prompt, k)
+                assert reason == "" and block.token_ids
+                sources[name] = (speculation.min_sized, block.sized_by_draft)
+                speculation.close(None)
+            assert sources == {"priced": (1, True), "fixed": (0, False), "draft": (0, False)}
+            await link.close()
+
+    asyncio.run(asyncio.wait_for(scenario(), 60))
