@@ -21,7 +21,8 @@ SLOWEST_FIRST = (
     "tests/e2e/test_lossless_greedy.py",  # 155 s
     "tests/verifier_service/speculation/test_rejection_sampler.py",  # 107 s
     "tests/reliability/test_verifier_swap.py",  # 77 s
-    "tests/bench/test_studies.py",  # 73 s
+    "tests/tools/test_gpu_check.py",  # 85 s
+    "tests/bench/test_studies.py",  # 70 s
 )
 
 

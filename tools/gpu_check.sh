@@ -12,8 +12,9 @@
 #                transformers' assisted generation in-process with the same replayed drafts (the anchor).
 #   lossless     issue 7: the lossless greedy test (tests/e2e/test_lossless_greedy.py) on CUDA.
 #   verify-cost  issue 7: the verify-cost curve t(k)/t(1), k = 1..16, Llama-8B shape, bf16.
-# --device cpu is the dry run: the efficiency step on tiny shapes in float32 (about a minute on 2 idle cores), which
-# tests/tools/test_gpu_check.py runs.
+# --device cpu is the dry run, which tests/tools/test_gpu_check.py runs: the efficiency step in float32 on two tiny
+# shapes, both built and run end to end: llama-tiny over the whole grid at 1 and 2 streams, qwen2-tiny in one cell
+# (serial, 1 stream, alpha 0.7, k = 4), each with the anchor, one torch thread a verifier.
 #
 # The GPU machine has torch and transformers but not our gRPC/OTel pins: those travel as wheels in .whl/
 # (see docs/gpu.md). Results land in --out, else $OUT, else $SPECDEC_GPU_OUT, else bench/results/gpu; keep them
@@ -29,7 +30,7 @@ while [ $# -gt 0 ]; do
     --device) DEVICE=$2; shift 2 ;;
     --out) OUT=$2; shift 2 ;;
     --steps) STEPS=$2; shift 2 ;;
-    -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
     *) echo "gpu_check.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -59,19 +60,24 @@ if step verify-cost; then
     --contexts 200,1500 --repeats 30 --out "$OUT/verify_cost_llama8b_bf16" 2>&1 | grep -v "verify cost:"
 fi
 if step efficiency; then
-  # shape, time limit (s), prompts, max tokens: what fits 8 minutes for both shapes on an H200
+  # shape, time limit (s), prompts, max tokens, then the grid (alphas, ks, modes, streams): on CUDA, what fits 8
+  # minutes for both shapes on an H200; the CPU dry run covers the whole grid once, on the first tiny shape
   if [ "$DEVICE" = cuda ]; then
-    shapes="qwen2.5-coder-1.5b:200:2:32 llama-8b:260:2:32"; dtype=${EFFICIENCY_DTYPE:-bfloat16}; streams=1,8
+    grid="0.5,0.7,0.9:policy,4:serial,pipelined:1,8"
+    shapes="qwen2.5-coder-1.5b:200:2:32:$grid llama-8b:260:2:32:$grid"; dtype=${EFFICIENCY_DTYPE:-bfloat16}
+    cpu_args=()
   else
-    shapes="llama-tiny:150:1:12 qwen2-tiny:150:1:12"; dtype=float32; streams=1,2
+    shapes="llama-tiny:150:1:12:0.5,0.7,0.9:policy,4:serial,pipelined:1,2 qwen2-tiny:150:1:12:0.7:4:serial:1"
+    dtype=float32
+    cpu_args=(--threads 1)  # two CPU verifiers and this process share the cores: one torch thread each
   fi
   for spec in $shapes; do
-    IFS=: read -r shape limit prompts tokens <<<"$spec"
+    IFS=: read -r shape limit prompts tokens alphas ks modes streams <<<"$spec"
     echo "==> efficiency surface, $shape shape (random init), $dtype on $DEVICE"
     timeout "$limit" "$PY" -m bench efficiency --config "$shape" --device "$DEVICE" --dtype "$dtype" \
-      --alphas 0.5,0.7,0.9 --ks policy,4 --modes serial,pipelined --concurrency "$streams" --prompts "$prompts" \
-      --prompt-tokens 128 --max-tokens "$tokens" --repeats 1 --anchor --out "$OUT/efficiency_$shape" \
-      > "$OUT/efficiency_$shape.log" 2>&1
+      --alphas "$alphas" --ks "$ks" --modes "$modes" --concurrency "$streams" --prompts "$prompts" \
+      --prompt-tokens 128 --max-tokens "$tokens" --repeats 1 --anchor ${cpu_args[@]+"${cpu_args[@]}"} \
+      --out "$OUT/efficiency_$shape" > "$OUT/efficiency_$shape.log" 2>&1
     rc=$?
     grep -v "it/s\]\|run/s\]\|s/run\]" "$OUT/efficiency_$shape.log" | tail -40
     if [ $rc -ne 0 ]; then

@@ -186,7 +186,7 @@ TINY_EXTRACTION = ["Invoice 7 from Ada, Paris, 12 EUR.", "Order 9 by Bo, Oslo, 3
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(300)  # about 80 s on a quiet 2-core machine: three stacks start and stop
+@pytest.mark.timeout(300)  # three stacks start and stop; the tiny model runs fastest on one thread
 def test_tiny_run_with_suffix_writes_latest_json_md_png(tiny_pair, tmp_path):
     from bench.studies.speedup import main
 
@@ -197,7 +197,7 @@ def test_tiny_run_with_suffix_writes_latest_json_md_png(tiny_pair, tmp_path):
     out = tmp_path / "results"
     assert main(["--model", str(target), "--out", str(out), "--repeats", "1", "--dtype", "float32",
                  "--workloads", f"{workload},chat", "--prompts-per-workload", "5", "--max-tokens", "8", "--fixed-k", "4",
-                 "--verify-cost-repeats", "2", "--steadiness-repeats", "2", "--no-progress",
+                 "--verify-cost-repeats", "2", "--steadiness-repeats", "2", "--no-progress", "--threads", "1",
                  "--log-dir", str(tmp_path / "logs")]) == 0
     latest = json.loads((out / "latest.json").read_text())
     assert {"machine", "model", "dtype", "date", "rows", "verify_cost", "warmup", "comparison"} <= set(latest)
@@ -253,8 +253,8 @@ def test_advisor_on_tiny_pair_compares_proposers(tiny_pair, tmp_path, capsys):
     prompts.write_text("".join(json.dumps({"id": f"p{i}", "prompt": text}) + "\n" for i, text in enumerate(
         ["Invoice 7 from Ada, Paris.", "Order 9 by Bo.", "Invoice 7 from Ada, Paris."])))
     assert main(["--target", str(target), "--draft", str(draft), "--prompts", str(prompts), "--max-prompts", "3",
-                 "--max-tokens", "12", "--context", "256", "--rho", "0.1", "--verify-cost-repeats", "2",
-                 "--dtype", "float32"]) == 0
+                 "--max-tokens", "8", "--context", "256", "--rho", "0.1", "--verify-cost-repeats", "2",
+                 "--dtype", "float32", "--threads", "1"]) == 0
     out = capsys.readouterr().out
     assert "tokenizer: compatible" in out and "memory total" in out
     assert "machine: " in out and "CPU flags " in out  # every result names its machine
@@ -269,7 +269,7 @@ def test_advisor_on_tiny_pair_compares_proposers(tiny_pair, tmp_path, capsys):
     assert recommendation.startswith(("USE ngram", "USE suffix", "USE model", "USE hybrid", "DON'T"))
     assert main(["--target", str(target), "--method", "suffix", "--prompts", str(prompts), "--max-prompts", "3",
                  "--max-tokens", "8", "--context", "256", "--rho", "0.1", "--verify-cost-repeats", "2",
-                 "--no-measure"]) == 0
+                 "--no-measure", "--threads", "1"]) == 0
     out = capsys.readouterr().out
     assert "no-model drafts: suffix" in out and "\nsuffix: c = " in out and "ngram: c" not in out
     assert "linears not prepacked (the model is in bfloat16" in out  # the default dtype

@@ -32,6 +32,32 @@ def setup(tiny_pair):
     return TransformersEngine(load_causal_lm(str(tiny_pair[0]))), tokenizer, eos
 
 
+@pytest.fixture(scope="module")
+def compiler(setup):
+    """One GrammarCompiler for the module: each one starts a compile child process (it imports torch and xgrammar:
+    seconds), and a proposer uses its compiler only through compile_now/matcher, which a shared one serves alike
+    (compiled grammars are cached by constraint; every sequence still gets a fresh matcher)."""
+    _engine, tokenizer, eos = setup
+    shared = GrammarCompiler(tokenizer, len(tokenizer), [eos])
+    yield shared
+    shared.close()
+
+
+def grammar_proposer(compiler: GrammarCompiler, inner, tokenizer, vocab_size: int, stop_token_ids: list[int]):
+    """GrammarProposer(inner, tokenizer, vocab_size, stop_token_ids), built on the module's compiler (checked to be
+    the compiler the proposer would have built) instead of a new one with its own compile child."""
+    def build(tokenizer_, vocab_size_, stop_token_ids_, timeout_s):
+        assert (tokenizer_, vocab_size_, list(stop_token_ids_), timeout_s) == \
+            (compiler._tokenizer, compiler.vocab_size, compiler.stop_token_ids, compiler.timeout_s)
+        return compiler
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(grammar_draft, "GrammarCompiler", build)
+        proposer = GrammarProposer(inner, tokenizer, vocab_size, stop_token_ids)
+    assert proposer.compiler is compiler
+    return proposer
+
+
 def started(proposer: GrammarProposer, prompt: list[int], constraint=CONSTRAINT) -> DraftSequence:
     sequence = proposer.start(prompt, SamplingParams(), False, constraint=constraint)
     if isinstance(sequence, GrammarSequence):
@@ -67,10 +93,10 @@ class FixedProposer(NgramProposer):
         return Fixed(prompt_ids, self.proposal)
 
 
-def test_forced_text_is_drafted_and_counted(setup):
+def test_forced_text_is_drafted_and_counted(setup, compiler):
     """Alone (--method grammar), the draft proposes what the schema forces at the start: `{"age": `, no further."""
     _engine, tokenizer, eos = setup
-    proposer = GrammarProposer(None, tokenizer, len(tokenizer), [eos])
+    proposer = grammar_proposer(compiler, None, tokenizer, len(tokenizer), [eos])
     assert (proposer.method, proposer.inline, proposer.sizes_blocks) == ("grammar", True, True)
     prompt = tokenizer.encode("Hello")
     sequence = started(proposer, prompt)
@@ -84,10 +110,10 @@ def test_forced_text_is_drafted_and_counted(setup):
     assert short.token_ids == block.token_ids[:2] and short.num_forced == 2 and short.cut(1).num_forced == 1
 
 
-def test_inner_block_is_cut_at_its_first_forbidden_token_and_forced_text_follows(setup):
+def test_inner_block_is_cut_at_its_first_forbidden_token_and_forced_text_follows(setup, compiler):
     _engine, tokenizer, eos = setup
     brace, quote, q = (tokenizer.convert_tokens_to_ids(t) for t in ("{", '"', "q"))
-    proposer = GrammarProposer(FixedProposer([brace, quote, q, q]), tokenizer, len(tokenizer), [eos])
+    proposer = grammar_proposer(compiler, FixedProposer([brace, quote, q, q]), tokenizer, len(tokenizer), [eos])
     prompt = tokenizer.encode("Hello")
     sequence = started(proposer, prompt)
     block = sequence.propose(6)
@@ -97,11 +123,10 @@ def test_inner_block_is_cut_at_its_first_forbidden_token_and_forced_text_follows
     assert block.num_forced == len(block.token_ids) - 2 and sequence.tokens == prompt + block.token_ids
 
 
-def test_rollback_below_forced_tokens_restores_the_matcher(setup, monkeypatch):
+def test_rollback_below_forced_tokens_restores_the_matcher(setup, compiler, monkeypatch):
     """update() that rolls back into (and below) forced tokens leaves the matcher where a fresh one fed the same
     output is, by rollback and (past MAX_ROLLBACK) by accepting the output again."""
     _engine, tokenizer, eos = setup
-    compiler = GrammarCompiler(tokenizer, len(tokenizer), [eos])
     compiled = compiler.compile_now(CONSTRAINT)
 
     def bitmask(matcher):
@@ -121,7 +146,7 @@ def test_rollback_below_forced_tokens_restores_the_matcher(setup, monkeypatch):
 
     for max_rollback in (grammar_draft.MAX_ROLLBACK, 1):
         monkeypatch.setattr(grammar_draft, "MAX_ROLLBACK", max_rollback)
-        proposer = GrammarProposer(None, tokenizer, len(tokenizer), [eos])
+        proposer = grammar_proposer(compiler, None, tokenizer, len(tokenizer), [eos])
         sequence = started(proposer, tokenizer.encode("Hello"))
         prompt = len(sequence.tokens)
         forced = sequence.propose(16).token_ids  # {"age":␣
@@ -139,9 +164,9 @@ def test_rollback_below_forced_tokens_restores_the_matcher(setup, monkeypatch):
         check(sequence, [])
 
 
-def test_a_constraint_the_draft_cannot_compile_drafts_without_the_grammar(setup, caplog):
+def test_a_constraint_the_draft_cannot_compile_drafts_without_the_grammar(setup, compiler, caplog):
     _engine, tokenizer, eos = setup
-    proposer = GrammarProposer(NgramProposer(), tokenizer, len(tokenizer), [eos])
+    proposer = grammar_proposer(compiler, NgramProposer(), tokenizer, len(tokenizer), [eos])
     prompt = tokenizer.encode("abcabcabc")
     sequence = started(proposer, prompt, common_pb2.Constraint(regex="[0-9"))
     block = sequence.propose(3)  # the n-gram's own block, uncut
@@ -170,11 +195,10 @@ def decode(engine, compiler, compiled, prompt, eos, sequence: DraftSequence | No
 
 
 @pytest.mark.parametrize("inner", ["grammar", "invalid"])
-def test_greedy_output_with_the_grammar_draft_equals_k0(setup, inner):
+def test_greedy_output_with_the_grammar_draft_equals_k0(setup, compiler, inner):
     """Greedy constrained decoding with the grammar's blocks equals k = 0 token for token. With an inner draft whose
     every token the grammar forbids, none of its tokens is verified, let alone accepted: only forced ones are."""
     engine, tokenizer, eos = setup
-    compiler = GrammarCompiler(tokenizer, engine.vocab_size, [eos])
     compiled = compiler.compile_now(CONSTRAINT)
     q = tokenizer.convert_tokens_to_ids("q")  # no key or value of the schema holds a q
     forced_total = accepted_total = 0
@@ -182,8 +206,8 @@ def test_greedy_output_with_the_grammar_draft_equals_k0(setup, inner):
         prompt = tokenizer.encode(text, add_special_tokens=False)
         plain, *_ = decode(engine, compiler, compiled, prompt, eos, None, 0)
         json.loads(tokenizer.decode(plain[:-1] if plain[-1] == eos else plain))
-        proposer = GrammarProposer(None if inner == "grammar" else FixedProposer([q] * 8), tokenizer,
-                                   engine.vocab_size, [eos])
+        proposer = grammar_proposer(compiler, None if inner == "grammar" else FixedProposer([q] * 8), tokenizer,
+                                    engine.vocab_size, [eos])
         output, drafted, forced, accepted = decode(engine, compiler, compiled, prompt, eos,
                                                    started(proposer, prompt), 6)
         assert output == plain, text
@@ -193,13 +217,14 @@ def test_greedy_output_with_the_grammar_draft_equals_k0(setup, inner):
     assert forced_total > 0 and accepted_total > 0
 
 
-def test_a_model_drafts_q_rows_for_its_tokens_and_one_hot_rows_for_forced_ones(setup, tiny_pair):
+def test_a_model_drafts_q_rows_for_its_tokens_and_one_hot_rows_for_forced_ones(setup, compiler, tiny_pair):
     """At temperature 1 the model draft sends q; the grammar's cut keeps the rows of the tokens it keeps, and each
     forced token's q is one-hot on it."""
     from draft_service.model_draft import ModelProposer
 
     _engine, tokenizer, eos = setup
-    proposer = GrammarProposer(ModelProposer(load_causal_lm(str(tiny_pair[1]))), tokenizer, len(tokenizer), [eos])
+    proposer = grammar_proposer(compiler, ModelProposer(load_causal_lm(str(tiny_pair[1]))), tokenizer, len(tokenizer),
+                                [eos])
     assert (proposer.method, proposer.inline) == ("model", False)
     prompt = tokenizer.encode("Hello")
     sequence = proposer.start(prompt, SamplingParams(temperature=1.0, seed=None), True, constraint=CONSTRAINT)

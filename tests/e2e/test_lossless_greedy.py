@@ -1,5 +1,6 @@
 """Greedy output through the three running services equals model.generate(do_sample=False), token for token."""
 
+import concurrent.futures
 import os
 
 import pytest
@@ -20,6 +21,10 @@ PROMPTS = [
     '"age": 36, "age": 36, "age":', "WHERE WHERE", "Ünïcödé", "tokens and verifies",
 ]
 MAX_TOKENS = 24
+# Requests in flight at once. The transformers verifier computes each sequence's rounds as jobs of their own (one
+# row per forward pass, its own KV cache), so concurrency cannot change a greedy token; it overlaps one request's
+# round trips between the three processes with another's compute, which is where serial requests spend their time.
+CONCURRENCY = 6
 # SPECDEC_DEVICE=cuda runs the reference here and both services (which read the same variable) on a GPU.
 DEVICE = os.environ.get("SPECDEC_DEVICE", "cpu")
 
@@ -42,15 +47,24 @@ def reference(tiny_pair):
     return expected
 
 
+def generate_all(gateway, k: int) -> list:
+    """Every prompt through the gateway at temperature 0 and block length k, CONCURRENCY at a time; the responses
+    in PROMPTS' order."""
+    def one(prompt):
+        return gateway.Generate(gateway_pb2.GenerateRequest(
+            prompt=prompt, max_tokens=MAX_TOKENS, temperature=0.0, num_speculative_tokens=k))
+
+    with concurrent.futures.ThreadPoolExecutor(CONCURRENCY) as pool:
+        return list(pool.map(one, PROMPTS))
+
+
 @pytest.mark.parametrize("k", [1, 4, 8])
 # suffix and hybrid: the suffix cache warms over k
 @pytest.mark.parametrize("stack", ["ngram", "model", "suffix", "hybrid"], indirect=True)
 def test_greedy_output_is_token_identical_to_target_only_decoding(stack, reference, k):
     method, services, gateway = stack
     mismatches, accepted, ahead_used = [], 0, 0
-    for prompt in PROMPTS:
-        response = gateway.Generate(gateway_pb2.GenerateRequest(
-            prompt=prompt, max_tokens=MAX_TOKENS, temperature=0.0, num_speculative_tokens=k))
+    for prompt, response in zip(PROMPTS, generate_all(gateway, k)):
         accepted += response.speculation.num_accepted_tokens
         ahead_used += response.speculation.num_ahead_used
         if list(response.token_ids) != reference[prompt]:
@@ -76,9 +90,7 @@ def test_greedy_output_is_identical_when_every_ahead_block_is_wrong(stack, refer
     (their tags are right), rejects the wrong tokens, and the output is still the target's."""
     variant, _services, gateway = stack
     used = 0
-    for prompt in PROMPTS:
-        response = gateway.Generate(gateway_pb2.GenerateRequest(
-            prompt=prompt, max_tokens=MAX_TOKENS, temperature=0.0, num_speculative_tokens=4))
+    for prompt, response in zip(PROMPTS, generate_all(gateway, 4)):
         assert list(response.token_ids) == reference[prompt], (variant, prompt)
         used += response.speculation.num_ahead_used
     assert used > 0, "no wrong block drafted ahead was ever verified"

@@ -77,9 +77,16 @@ def test_sampling_fields_carry_the_grammar_and_ban_the_banned_ids():
         fake_vllm, common_pb2.Constraint(regex="[0-9]+"), frozenset(), 10)
 
 
-def vllm_stack(vllm_pair, tmp_path, method: str, draft_args=(), env=None):
+@pytest.fixture(scope="module")
+def vllm_cache_root(tmp_path_factory):
+    """One VLLM_CACHE_ROOT for the module's stacks: vLLM inspects the model's class in a subprocess that imports
+    vLLM once more unless this cache holds the answer (modelinfos/), so only the first stack pays for it."""
+    return tmp_path_factory.mktemp("vllm-cache")
+
+
+def vllm_stack(vllm_pair, tmp_path, cache_root, method: str, draft_args=(), env=None):
     need_vllm()
-    env = {"VLLM_CACHE_ROOT": str(tmp_path / "vllm-cache"), **(env or {})}
+    env = {"VLLM_CACHE_ROOT": str(cache_root), **(env or {})}
     return running_stack(vllm_pair[0], vllm_pair[1], method=method, draft_args=list(draft_args),
                          verifier_args=["--engine", "vllm", "--draft-timeout-ms", "10000"],
                          verifier_python=VLLM_PYTHON, env=env, timeout_s=240, log_dir=tmp_path)
@@ -92,9 +99,9 @@ def generate(gateway, prompt: str, k: int) -> gateway_pb2.GenerateResponse:
 
 @pytest.mark.vllm
 @pytest.mark.slow
-def test_greedy_json_schema_output_with_speculation_equals_k0_and_validates(vllm_pair, tmp_path):
+def test_greedy_json_schema_output_with_speculation_equals_k0_and_validates(vllm_pair, vllm_cache_root, tmp_path):
     accepted = forced = 0
-    with vllm_stack(vllm_pair, tmp_path, "suffix") as services, \
+    with vllm_stack(vllm_pair, tmp_path, vllm_cache_root, "suffix") as services, \
             grpc.insecure_channel(services["gateway"].address) as channel:
         gateway = gateway_pb2_grpc.GatewayStub(channel)
         for prompt in PROMPTS:
@@ -112,7 +119,8 @@ def test_greedy_json_schema_output_with_speculation_equals_k0_and_validates(vllm
 
 @pytest.mark.vllm
 @pytest.mark.slow
-def test_grammar_invalid_drafts_are_cut_by_vllm_and_never_accepted(vllm_pair, vllm_tokenizer, tmp_path):
+def test_grammar_invalid_drafts_are_cut_by_vllm_and_never_accepted(vllm_pair, vllm_tokenizer, vllm_cache_root,
+                                                                   tmp_path):
     newline = vllm_tokenizer.encode("\n", add_special_tokens=False)
     assert len(newline) == 1  # compact JSON has no raw newline anywhere, strings included: never valid
     (tmp_path / "site").mkdir()
@@ -123,7 +131,7 @@ def test_grammar_invalid_drafts_are_cut_by_vllm_and_never_accepted(vllm_pair, vl
     draft_args = ["--grammar-draft", "off", "--enable-fault-injection", "true", "--inject-draft-token",
                   str(newline[0])]
     drafted = 0
-    with vllm_stack(vllm_pair, tmp_path, "model", draft_args, env) as services, \
+    with vllm_stack(vllm_pair, tmp_path, vllm_cache_root, "model", draft_args, env) as services, \
             grpc.insecure_channel(services["gateway"].address) as channel:
         gateway = gateway_pb2_grpc.GatewayStub(channel)
         for prompt in PROMPTS[:4]:

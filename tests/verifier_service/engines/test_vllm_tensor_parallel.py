@@ -108,23 +108,29 @@ def decode(address: str, prompt: list[int]) -> tuple[list[int], common_pb2.Specu
 @pytest.mark.slow
 @pytest.mark.vllm
 @pytest.mark.timeout(600)  # about 2 min on a quiet machine; two vLLM start-ups on 2 shared cores can take longer
-def test_greedy_output_at_tensor_parallel_2_with_a_draft_equals_tensor_parallel_1(vllm_pair, vllm_reference,
-                                                                                   tmp_path):
+def test_greedy_output_at_tensor_parallel_2_with_a_draft_equals_tensor_parallel_1(vllm_pair, vllm_reference_job,
+                                                                                   request, tmp_path):
     """The verifier at TP=2 with a model draft: the drafts reach both ranks through vLLM's scheduler. Plain vLLM
     at TP=1 is the session's reference run (conftest.py): greedy, so its first MAX_TOKENS tokens are what a run
-    capped at MAX_TOKENS gives. Drafts are accepted, and the verifier's counters equal the summed statistics."""
+    capped at MAX_TOKENS gives. Drafts are accepted, and the verifier's counters equal the summed statistics.
+
+    The reference run is started (vllm_reference_job) but only waited for once the verifier serves: where no other
+    test of this worker has asked for it yet, it runs beside the TP=2 start-up rather than before it."""
     need_vllm()
     target, draft_model = vllm_pair
-    env = {"VLLM_CACHE_ROOT": str(tmp_path / "cache"), "VLLM_CPU_KVCACHE_SPACE": "1",
+    # the reference run's vLLM cache: where that run is over, it holds vLLM's inspection of the model's class, which
+    # vLLM otherwise makes in a subprocess that imports vLLM once more
+    env = {"VLLM_CACHE_ROOT": str(vllm_reference_job[1] / "cache"), "VLLM_CPU_KVCACHE_SPACE": "1",
            "VLLM_CPU_OMP_THREADS_BIND": two_cpu_binding()}
     draft = Service("draft_service", ["--model", str(draft_model), "--method", "model"], env, tmp_path)
     verifier = Service("verifier_service", ["--model", str(target), "--engine", "vllm", "--max-sequences", "4",
                                             "--vllm-tensor-parallel-size", "2", "--draft", draft.address,
                                             "--draft-timeout-ms", "10000"], env, tmp_path, python=VLLM_PYTHON)
     try:
-        reference = [vllm_reference[tuple(prompt)][:MAX_TOKENS] for prompt in PROMPTS]
         wait_serving(draft.address, 240, draft.process)
         wait_serving(verifier.address, 480, verifier.process)
+        vllm_reference = request.getfixturevalue("vllm_reference")
+        reference = [vllm_reference[tuple(prompt)][:MAX_TOKENS] for prompt in PROMPTS]
         before = scrape_metrics(verifier.metrics_port)
         with concurrent.futures.ThreadPoolExecutor(len(PROMPTS)) as pool:  # one batch: rows split across ranks
             results = list(pool.map(lambda prompt: decode(verifier.address, prompt), PROMPTS))
