@@ -491,6 +491,20 @@ class SpeculationPolicy:
         self.cut_times, self.cut_alpha = times, None
         return max(0, min(self.max_k, remaining_tokens - 1, remaining_context - 1))
 
+    @staticmethod
+    def _model_block_rate(k: int, alpha: float, times: list[float], verify_s: float, draft_s: float | None) -> float:
+        """Expected tokens per second of a model block of k: its round's measured time times[k] where the draft's
+        answer time draft_s is not known; else the better of waiting for it (verify_s + draft_s) and of a plain step
+        meanwhile followed by the block's round (`step_while_drafting`). A block drafted ahead or asked during the
+        plain step before arrives at once, so its round's measured time holds little or none of the draft's: priced
+        on that alone, a dear model side looked cheaper than a free suffix block."""
+        tokens = expected_tokens(alpha, k)
+        if draft_s is None:
+            return tokens / times[k]
+        waiting = tokens / (verify_s + draft_s)
+        stepping = (1 + alpha * tokens) / (max(times[0], draft_s) + alpha * max(verify_s, times[0]))
+        return max(waiting, stepping)
+
     def draft_wait_cap(self, k: int) -> float | None:
         """The longest wait for a block of k that could still pay: k plain steps (a round that waits W and verifies
         emits at most k + 1 tokens in W plus at least one step). None before a plain step was timed."""
@@ -581,7 +595,7 @@ class SpeculationPolicy:
                 best, best_rate = n, rate
         return best, best_rate
 
-    def min_sized(self, k: int, sized_only: bool = False) -> int:
+    def min_sized(self, k: int, sized_only: bool = False, pace: typing.Any = None) -> int:
         """With priced_threshold (--hybrid-threshold priced), for a draft that sizes some of its blocks by their
         evidence at no forward's cost (the hybrid's suffix side; its other blocks, the model's, cost a forward per
         token): the shortest match at which such a block answers this round of k (NextBlock.min_sized). In a
@@ -589,9 +603,10 @@ class SpeculationPolicy:
         only as far as it pays. Else the shortest match at which such a block is worth more than the model's block
         of k: its worth is its expected tokens per second verified as far as it pays (`_best_prefix`, on the
         forward's times plus a plain round's overhead beyond its forward, with the acceptance of blocks matched as
-        far); the model block's is E(k, alpha) / T(k) on the round times k was chosen on; max_k + 1 where no match
-        pays more. 0 (the draft's own rule) without priced_threshold, where the policy did not choose k (a fixed k,
-        a retry), or before a forward was timed."""
+        far); the model block's is its tokens over its whole cost, the draft's time included (`_model_block_rate`);
+        max_k + 1 where no match pays more. 0 (the draft's own rule) without priced_threshold, where the policy did
+        not choose k (a fixed k, a retry), or before a forward was timed. pace: the draft's measured answer time by
+        block size (`verifier_service.draft.pace.DraftPace`)."""
         if not self.priced_threshold or k <= 0:
             return 0
         if sized_only:
@@ -601,8 +616,9 @@ class SpeculationPolicy:
         if times is None or forward is None or not 0 < k < len(times):
             return 0
         alpha = min(self.alpha() if self.cut_alpha is None else self.cut_alpha, 0.999)
-        model_rate = expected_tokens(alpha, k) / times[k]
         overhead = max(times[0] - forward[0], 0.0)  # a round's sampling, bookkeeping and transport
+        model_rate = self._model_block_rate(k, alpha, times, forward[k] + overhead,
+                                            pace.predicted(k) if pace is not None else None)
         sized_times = [t + overhead for t in forward]
         for length in range(1, self.max_k + 1):
             if self._best_prefix(length, 0, 0, sized_times, alpha)[1] >= model_rate:

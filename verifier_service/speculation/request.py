@@ -150,7 +150,7 @@ class RequestSpeculation:
         if not link.sizes_some_blocks:
             return k
         if k:  # which of the draft's blocks is worth more, by the prices of both (the hybrid: suffix or model)
-            self.min_sized = self.policy.min_sized(k)
+            self.min_sized = self.policy.min_sized(k, pace=link.pace)
         elif self.draft.prefetched is None and not self.draft.reading_prompt:
             # the draft's model blocks do not pay, but its free ones may (the hybrid's suffix side): ask for those
             k = self.policy.sized_only_k(remaining_tokens, remaining_context)

@@ -559,6 +559,27 @@ def test_the_hybrids_suffix_side_answers_from_the_match_whose_block_is_worth_mor
     assert hybrid_policy(dear, suffix).min_sized(8, sized_only=True) == 1
 
 
+def test_a_model_block_is_priced_with_the_drafts_time_even_when_its_round_did_not_wait_for_it():
+    """Blocks drafted ahead or asked during a plain step arrive at once: their rounds (0.11-0.18 s here) hold little
+    of the model's drafting time. Priced on those rounds alone the model side beats matches shorter than 3; with the
+    draft's measured pace (its answer takes 30 or 50 ms a token), shorter matches win, down to any match."""
+
+    class Pace:
+        def __init__(self, per_token_s: float):
+            self.per_token_s = per_token_s
+
+        def predicted(self, k: int, opening: bool = False) -> float:
+            return self.per_token_s * k
+
+    suffix = {1: 0.3, 2: 0.5, 3: 0.7, 4: 0.85, 5: 0.9, 6: 0.9, 7: 0.9, 8: 0.9}
+    cheap = {0: 0.1, 1: 0.11, 2: 0.12, 4: 0.14, 8: 0.18}
+    thresholds = []
+    for pace in (None, Pace(0.03), Pace(0.05)):
+        policy = hybrid_policy(cheap, suffix)
+        thresholds.append(policy.min_sized(policy.block_size(1000, 1000), pace=pace))
+    assert thresholds == [3, 2, 1]
+
+
 def test_only_blocks_the_draft_sized_file_evidence_by_their_length():
     """A hybrid's model block of 4 says nothing of how often a 4-token suffix match is right: it is not filed under
     `by_length`, which prices the suffix side; the suffix side's sized block is."""
