@@ -118,6 +118,16 @@ def with_draft_pace(cost: RoundCost, times: list[float] | None, pace: typing.Any
     return adjusted
 
 
+def waiting_and_stepping(alpha: float, k: int, plain_s: float, round_s: float, wait_s: float) -> tuple[float, float]:
+    """Expected tokens per second of a block of k accepted at alpha a token, two ways: waiting for the draft's answer
+    (a round of round_s, its wait_s included), and a plain step of plain_s meanwhile followed by the block's round,
+    reached with probability alpha (a draft slower than the step is waited for, for the rest of its time)."""
+    tokens = expected_tokens(alpha, k)
+    waiting = tokens / round_s
+    stepping = (1 + alpha * tokens) / (max(plain_s, wait_s) + alpha * max(round_s - wait_s, plain_s))
+    return waiting, stepping
+
+
 def fitted_line(points: list[tuple[int, float]]) -> tuple[float, float]:
     """(a, b) with t = a + b k fitted by least squares to (k, t) points (at least one): through a single point, with
     the prior slope (PRIOR_SLOPE of the intercept); the slope never negative."""
@@ -498,12 +508,9 @@ class SpeculationPolicy:
         meanwhile followed by the block's round (`step_while_drafting`). A block drafted ahead or asked during the
         plain step before arrives at once, so its round's measured time holds little or none of the draft's: priced
         on that alone, a dear model side looked cheaper than a free suffix block."""
-        tokens = expected_tokens(alpha, k)
         if draft_s is None:
-            return tokens / times[k]
-        waiting = tokens / (verify_s + draft_s)
-        stepping = (1 + alpha * tokens) / (max(times[0], draft_s) + alpha * max(verify_s, times[0]))
-        return max(waiting, stepping)
+            return expected_tokens(alpha, k) / times[k]
+        return max(waiting_and_stepping(alpha, k, times[0], verify_s + draft_s, draft_s))
 
     def draft_wait_cap(self, k: int) -> float | None:
         """The longest wait for a block of k that could still pay: k plain steps (a round that waits W and verifies
@@ -530,9 +537,7 @@ class SpeculationPolicy:
             return False
         k = min(k, self.max_k)
         alpha = min(self.alpha(), 0.999)
-        tokens = expected_tokens(alpha, k)
-        waiting = tokens / times[k]
-        stepping = (1 + alpha * tokens) / (max(times[0], wait) + alpha * max(times[k] - wait, times[0]))
+        waiting, stepping = waiting_and_stepping(alpha, k, times[0], times[k], wait)
         return stepping > waiting
 
     def observe_first_token(self, accepted: bool) -> None:
