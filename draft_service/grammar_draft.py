@@ -108,11 +108,20 @@ class GrammarSequence(DraftSequence):
         self.update(len(self.tokens), token_ids, assumed=True)
 
     def propose(self, k: int) -> DraftBlock:
+        return self._within_grammar(k, self.inner.propose)
+
+    def propose_sized(self, k: int) -> DraftBlock:
+        """The inner proposer's block sized by its evidence (the hybrid's suffix side), or none, held to the grammar
+        as every block is; the forced tokens after it cost no model forward either."""
+        return self._within_grammar(k, self.inner.propose_sized)
+
+    def _within_grammar(self, k: int, propose) -> DraftBlock:
+        """propose(k)'s block, cut at its first token the grammar forbids, then the tokens it forces after that."""
         grammar = self._ready()
         if grammar is None or k <= 0:
-            return self.inner.propose(k)
+            return propose(k)
         start = len(self.tokens)
-        block = self.inner.propose(k)
+        block = propose(k)
         allowed = self._walk(block.token_ids)
         if allowed < len(block.token_ids):
             metrics.DRAFT_GRAMMAR_TOKENS.labels(kind="cut").inc(len(block.token_ids) - allowed)
@@ -129,7 +138,8 @@ class GrammarSequence(DraftSequence):
             one_hot = torch.zeros(len(forced), probs.shape[1], dtype=probs.dtype)  # [f, V]
             one_hot[torch.arange(len(forced)), torch.tensor(forced)] = 1.0
             probs = torch.cat([probs, one_hot])  # [k', V]
-        return DraftBlock(block.token_ids + forced, probs, block.ahead, block.num_chained, len(forced))
+        return DraftBlock(block.token_ids + forced, probs, block.ahead, block.num_chained, len(forced),
+                          block.sized_by_draft)
 
     def _ready(self) -> SequenceGrammar | None:
         """The matcher, once compiled (then caught up on the output so far); None until then, or without one."""
@@ -212,6 +222,8 @@ class GrammarProposer(Proposer):
         self.inline = inner.inline if inner is not None else True
         # alone, it drafts only where text is forced, and none elsewhere: ask it for its longest block
         self.sizes_blocks = inner.sizes_blocks if inner is not None else True
+        # the verifier asks for those alone where the inner's model blocks do not pay (the hybrid): say so for it
+        self.sizes_some_blocks = inner.sizes_some_blocks if inner is not None else False
         self.tokenizer = tokenizer
         self.compiler = GrammarCompiler(tokenizer, vocab_size, stop_token_ids, compile_timeout_s)
 

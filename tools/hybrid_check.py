@@ -4,8 +4,10 @@ One stack per method (the 1.5B verifies in each; model and hybrid draft with the
 prompt of each workload (bench/workloads/<name>.jsonl, greedy; the first --per-workload of each): speculation off (k = 0) once, then each method at adaptive k, the
 methods' order rotating from prompt to prompt so that none always runs first on a warm cache; every output must be
 the plain run's. Prints a JSON line per run and, at the end, each method's tokens/s summed over the prompts, its
-ratio to off, per workload, and the hybrid's blocks by side (from the draft's /metrics); --out writes it all with the machine
-(CPU model and flags). The machine may be shared: quote the figures with that.
+ratio to off, per workload, the hybrid's blocks by side (from the draft's /metrics) and each stack's rounds without a
+block by reason (from the verifier's); --out writes it all with the machine (CPU model and flags). `hybrid-priced` is
+a second hybrid stack whose verifier sets the threshold (--hybrid-threshold priced), so that both rules run
+interleaved in one run. The machine may be shared: quote the figures with that.
 
     python -m tools.hybrid_check --model .cache/models/qwen2.5-coder-1.5b --draft-model .cache/models/qwen2.5-coder-0.5b \\
         --dtype bfloat16 --workloads code,extraction,sql,chat --out bench/results/pair/hybrid_check.json
@@ -29,7 +31,11 @@ from devkit.stack import running_stack, scrape_metrics
 from specdec.v1 import gateway_pb2_grpc
 from tools.pair_check import cpu, run
 
-METHODS = ("model", "suffix", "hybrid")
+METHODS = ("model", "suffix", "hybrid", "hybrid-priced")
+# a method's draft (--method) and the verifier flags it adds: hybrid-priced is the hybrid with the verifier's threshold
+DRAFT_METHOD = {"hybrid-priced": "hybrid"}
+METHOD_VERIFIER_ARGS = {"hybrid-priced": ["--hybrid-threshold", "priced"]}
+FALLBACK_REASONS = "specdec_fallback_rounds_total"
 
 
 def main(argv=None) -> int:
@@ -47,7 +53,9 @@ def main(argv=None) -> int:
                         help="extra flag for every verifier, e.g. --verifier-arg=--prepack-weights "
                              "--verifier-arg=false (float32 without prepacking: about half the memory a verifier "
                              "holds, so that two stacks fit in 24 GiB)")
-    parser.add_argument("--methods", default=",".join(METHODS), help="which of model, suffix, hybrid to run")
+    parser.add_argument("--methods", default="model,suffix,hybrid",
+                        help="which of model, suffix, hybrid, hybrid-priced (the hybrid with the verifier's "
+                             "--hybrid-threshold priced) to run")
     parser.add_argument("--out", default="")
     args = parser.parse_args(argv)
     methods = tuple(m for m in METHODS if m in args.methods.split(","))
@@ -63,9 +71,10 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as logs, contextlib.ExitStack() as stacks:
         started = time.monotonic()
         services = {method: stacks.enter_context(running_stack(
-            args.model, args.draft_model, method=method, verifier_args=verifier, env=env, timeout_s=900,
+            args.model, args.draft_model, method=DRAFT_METHOD.get(method, method),
+            verifier_args=verifier + METHOD_VERIFIER_ARGS.get(method, []), env=env, timeout_s=900,
             draft_args=(["--dtype", args.dtype] if method != "suffix" else [])
-            + (args.draft_arg if method == "hybrid" else []), log_dir=pathlib.Path(logs)))
+            + (args.draft_arg if method.startswith("hybrid") else []), log_dir=pathlib.Path(logs)))
             for method in methods}
         print(f"stacks SERVING after {time.monotonic() - started:.0f} s", flush=True)
         stubs = {m: gateway_pb2_grpc.GatewayStub(stacks.enter_context(grpc.insecure_channel(s["gateway"].address)))
@@ -86,13 +95,14 @@ def main(argv=None) -> int:
                        **{k: v for k, v in result.items() if k != "tokens"}}
                 print(json.dumps(row), flush=True)
                 runs.append({**row, "tokens": result["tokens"]})
-        scraped = scrape_metrics(services["hybrid"]["draft"].metrics_port) if "hybrid" in services else {}
-        hybrid_blocks = {side: scraped.get(("specdec_draft_hybrid_blocks_total", (("source", side),)), 0.0)
-                         for side in ("suffix", "model")}
+        hybrid_blocks = {method: blocks_by_side(scrape_metrics(services[method]["draft"].metrics_port))
+                         for method in methods if method.startswith("hybrid")}
+        fallbacks = {method: fallback_reasons(scrape_metrics(services[method]["verifier"].metrics_port))
+                     for method in methods}
     summary = {workload: summarize([r for r in runs if r["workload"] == workload], methods)
                for workload in dict.fromkeys(r["workload"] for r in runs)}
     identical = all(r["identical"] for r in runs)
-    print(json.dumps({"summary": summary, "hybrid_blocks": hybrid_blocks}), flush=True)
+    print(json.dumps({"summary": summary, "hybrid_blocks": hybrid_blocks, "fallback_reasons": fallbacks}), flush=True)
     print("greedy output identical to k = 0 on every run" if identical else "OUTPUT DIFFERS", flush=True)
     if args.out:
         pathlib.Path(args.out).parent.mkdir(parents=True, exist_ok=True)
@@ -101,10 +111,22 @@ def main(argv=None) -> int:
             "dtype": args.dtype, "max_tokens": args.max_tokens, "workloads": args.workloads, "draft_args": args.draft_arg,
             "verifier_args": args.verifier_arg,
             "machine": machine_info(args.threads, "PASSIVE"), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "identical": identical, "summary": summary, "hybrid_blocks": hybrid_blocks,
+            "identical": identical, "summary": summary, "hybrid_blocks": hybrid_blocks, "fallback_reasons": fallbacks,
             "runs": [{k: v for k, v in r.items() if k != "tokens"} for r in runs]}, indent=1) + "\n")
         print(f"wrote {args.out}")
     return 0 if identical else 1
+
+
+def blocks_by_side(scraped: dict) -> dict[str, float]:
+    """A hybrid draft's blocks by the side that drafted them (specdec_draft_hybrid_blocks_total)."""
+    return {side: scraped.get(("specdec_draft_hybrid_blocks_total", (("source", side),)), 0.0)
+            for side in ("suffix", "model")}
+
+
+def fallback_reasons(scraped: dict) -> dict[str, float]:
+    """A verifier's rounds decoded without a block, by reason (specdec_fallback_rounds_total), warm-up included."""
+    return {dict(labels)["reason"]: value for (name, labels), value in scraped.items()
+            if name == FALLBACK_REASONS and value}
 
 
 def summarize(runs: list[dict], methods: tuple[str, ...]) -> dict:
@@ -119,12 +141,12 @@ def summarize(runs: list[dict], methods: tuple[str, ...]) -> dict:
         summary[method] = {"tok_s": round(tokens / seconds, 3), "identical": all(r["identical"] for r in mine)}
     for method in methods:
         summary[method]["vs_off"] = round(summary[method]["tok_s"] / summary["off"]["tok_s"], 3)
-    if "hybrid" in methods:
-        for other in set(methods) - {"hybrid"}:
-            summary["hybrid"][f"vs_{other}"] = round(summary["hybrid"]["tok_s"] / summary[other]["tok_s"], 3)
-    if {"model", "suffix", "hybrid"} <= set(methods):
-        better = max(summary["model"]["tok_s"], summary["suffix"]["tok_s"])
-        summary["hybrid"]["vs_better"] = round(summary["hybrid"]["tok_s"] / better, 3)
+    for hybrid in [m for m in methods if m.startswith("hybrid")]:
+        for other in [m for m in methods if m != hybrid]:
+            summary[hybrid][f"vs_{other}"] = round(summary[hybrid]["tok_s"] / summary[other]["tok_s"], 3)
+        if {"model", "suffix"} <= set(methods):
+            better = max(summary["model"]["tok_s"], summary["suffix"]["tok_s"])
+            summary[hybrid]["vs_better"] = round(summary[hybrid]["tok_s"] / better, 3)
     return summary
 
 

@@ -93,6 +93,26 @@ class FixedProposer(NgramProposer):
         return Fixed(prompt_ids, self.proposal)
 
 
+class Sized(Fixed):
+    """An inner draft like the hybrid's: its sized-only ask answers with the fixed tokens, marked sized by its
+    evidence; its model side must not run then."""
+
+    def propose(self, k):
+        raise AssertionError("a sized-only ask ran the model side")
+
+    def propose_sized(self, k):
+        block = self.proposal[:k]
+        self.tokens.extend(block)
+        return DraftBlock(list(block), sized_by_draft=True)
+
+
+class SizedProposer(FixedProposer):
+    sizes_some_blocks = True
+
+    def start(self, prompt_ids, sampling, return_probs, tenant=""):
+        return Sized(prompt_ids, self.proposal)
+
+
 def test_forced_text_is_drafted_and_counted(setup, compiler):
     """Alone (--method grammar), the draft proposes what the schema forces at the start: `{"age": `, no further."""
     _engine, tokenizer, eos = setup
@@ -121,6 +141,24 @@ def test_inner_block_is_cut_at_its_first_forbidden_token_and_forced_text_follows
     assert block.token_ids[:2] == [brace, quote] and q not in block.token_ids
     assert tokenizer.decode(block.token_ids).startswith('{"age')
     assert block.num_forced == len(block.token_ids) - 2 and sequence.tokens == prompt + block.token_ids
+
+
+def test_an_inner_draft_that_sizes_some_blocks_keeps_its_sized_only_asks_under_the_grammar(setup, compiler):
+    """The draft service wraps every method in the grammar draft: the hybrid's sizes_some_blocks must reach the
+    verifier through the wrapper (else it never asks for the suffix side alone, nor sends its threshold), and a
+    constrained sequence's sized-only ask is the inner's block, cut at its first forbidden token, still marked sized,
+    with the forced text after it, and no model forward."""
+    _engine, tokenizer, eos = setup
+    brace, quote, q = (tokenizer.convert_tokens_to_ids(t) for t in ("{", '"', "q"))
+    proposer = grammar_proposer(compiler, SizedProposer([brace, quote, q, q]), tokenizer, len(tokenizer), [eos])
+    assert proposer.sizes_some_blocks and not grammar_proposer(compiler, FixedProposer([]), tokenizer,
+                                                               len(tokenizer), [eos]).sizes_some_blocks
+    prompt = tokenizer.encode("Hello")
+    block = started(proposer, prompt).propose_sized(6)
+    assert block.sized_by_draft and block.token_ids[:2] == [brace, quote] and q not in block.token_ids
+    assert tokenizer.decode(block.token_ids).startswith('{"age') and block.num_forced == len(block.token_ids) - 2
+    unconstrained = started(proposer, prompt, constraint=None)
+    assert unconstrained.propose_sized(6) == DraftBlock([brace, quote, q, q], sized_by_draft=True)
 
 
 def test_rollback_below_forced_tokens_restores_the_matcher(setup, compiler, monkeypatch):
