@@ -151,8 +151,10 @@ class RequestSpeculation:
             return k
         if k:  # which of the draft's blocks is worth more, by the prices of both (the hybrid: suffix or model)
             self.min_sized = self.policy.min_sized(k, pace=link.pace)
-        elif self.draft.prefetched is None and not self.draft.reading_prompt:
-            # the draft's model blocks do not pay, but its free ones may (the hybrid's suffix side): ask for those
+        elif not self.draft.reading_prompt:
+            # the draft's model blocks do not pay, but its free ones may (the hybrid's suffix side): ask for those. A
+            # model block asked during the last plain step and not yet taken is dropped by that ask (its answer,
+            # stale, is skipped); kept instead, it would stop every sized-only ask until the model paid again
             k = self.policy.sized_only_k(remaining_tokens, remaining_context)
             self.sized_only, self.min_sized = k > 0, self.policy.min_sized(k, sized_only=True)
         return k

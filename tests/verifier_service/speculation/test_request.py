@@ -313,6 +313,16 @@ def test_where_the_hybrids_model_blocks_do_not_pay_its_suffix_side_is_still_aske
             assert block.token_ids == [] and reason == "not_paying"
             speculation.record(Round(0, 0, 0.11, draft_wait_s=0.01, fallback=reason))
             assert cost.seconds[0].value < 0.11  # a plain step, its short wait not counted
+
+            # a model block asked during a plain step (stepping while drafting) and not yet taken when the policy
+            # turned the model off: the suffix side is still asked, and the prefetch's answer, stale, is dropped
+            assert await speculation.draft.prefetch(tokens, 4) == "" and speculation.draft.prefetched is not None
+            tokens = tokens + SPAN[:12]  # decoded plainly meanwhile: the span again, which the suffix side knows
+            k = speculation.block_size(100, 1000)
+            assert speculation.sized_only
+            block, reason = await speculation.propose(tokens, k)
+            assert reason == "" and block.sized_by_draft and block.token_ids == SPAN[12:12 + len(block.token_ids)]
+            assert block.token_ids and speculation.draft.prefetched is None
             speculation.close(None)
             link.sizes_some_blocks = False
             other = RequestSpeculation(SpeculationPolicy(4, 16, cost=cost), link.session("s", SamplingParams()))
