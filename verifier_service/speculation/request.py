@@ -171,16 +171,15 @@ class RequestSpeculation:
         In order: the answer to the block asked during the last plain step, if it has arrived and fits the tokens
         decoded since (no wait); else, where waiting for a far draft costs more than a plain step meanwhile
         (`SpeculationPolicy.step_while_drafting`) and no block drafted ahead is here, ask without waiting and
-        decode a plain step ("stepped"); else ask and wait, as always."""
+        decode a plain step ("stepped"), unless a draft that sizes some blocks at no forward's cost (the hybrid's
+        suffix side) has one at once, which is verified instead; else ask and wait, as always."""
         self.block_came_ahead = self.block_prefetched = False
         self.asked_k = 0
         self.block = DraftBlock.empty()
         if self.draft is None or k == 0:
             return self.block, self.policy.off_reason if self.draft is not None else ""
-        if self.sized_only:  # no model forward asked: the answer is at once (the link's floor is its wait)
-            block, reason = await self.draft.propose(tokens, k, self.draft.link.timeout_s, sized_only=True,
-                                                     min_sized=self.min_sized)
-            block, reason = self._verified(block, reason, k)
+        if self.sized_only:
+            block, reason = await self._sized_block(tokens, k, self.min_sized)
             return block, reason or ("" if block.token_ids else self.policy.off_reason)
         block, first_token_accepted = await self.draft.at_hand(tokens, k, self.draft_wait_s(k))
         if first_token_accepted is not None:
@@ -191,6 +190,11 @@ class RequestSpeculation:
         if self.draft.reading_prompt:  # the draft's first answer is still to come: a plain step, asking nothing
             return self.block, "reading_prompt"
         if self.policy.step_while_drafting(k) and not self.draft.ahead_ready(tokens):
+            if self.draft.link.sizes_some_blocks:  # a block the draft sizes at no forward's cost beats a plain step
+                block, reason = await self._sized_block(tokens, k, 1)
+                if block.token_ids or reason:
+                    self.sized_only = True  # recorded as a sized-only round: it says nothing of the model's blocks
+                    return block, reason
             return self.block, await self.draft.prefetch(tokens, k, self.min_sized) or "stepped"
         self.asked_k = k
         # the first ask of the model reads the prompt, also where sized-only asks opened the stream before it
@@ -199,6 +203,13 @@ class RequestSpeculation:
         block, reason = await self.draft.propose(tokens, k, self.draft_wait_s(k, self.opening),
                                                  min_sized=self.min_sized)
         self.block_came_ahead = block.ahead
+        return self._verified(block, reason, k)
+
+    async def _sized_block(self, tokens: list[int], k: int, min_sized: int) -> tuple[DraftBlock, str]:
+        """A block only if the draft sizes it at no forward's cost (NextBlock.sized_only), as it will be verified, and
+        why it is empty where it is. No model forward is asked: the answer is at once (the link's floor is its wait)."""
+        block, reason = await self.draft.propose(tokens, k, self.draft.link.timeout_s, sized_only=True,
+                                                 min_sized=min_sized)
         return self._verified(block, reason, k)
 
     def _verified(self, block: DraftBlock, reason: str, k: int) -> tuple[DraftBlock, str]:

@@ -93,3 +93,43 @@ def test_tokens_sampled_with_stepped_rounds_follow_the_target(pair):
     print(f"figure: {SAMPLES} samples, {used} blocks verified after the plain step they guessed")
     assert used > SAMPLES // 10, "the stepped path was hardly exercised"
     assert_follows(counts, expected)
+
+
+def test_a_stepping_round_takes_the_hybrids_suffix_block_at_once_and_stays_lossless(pair, monkeypatch):
+    """Where the policy would decode a plain step while the model drafts, a draft that sizes some blocks at no
+    forward's cost (the hybrid's suffix side) is asked for one first: a block that comes at once is verified instead
+    of the step, and only where there is none does the round step. Greedy output is the target's either way."""
+    from draft_service.hybrid import HybridProposer, HybridSequence
+    from draft_service.suffix import SuffixProposer
+
+    target, draft = pair
+    engine = TransformersEngine(target)
+    prompts = [[3, 4, 5, 3, 4, 5, 3, 4], [2, 7, 2, 7, 2], [6, 1, 6, 1, 6, 1]]
+    greedy = SamplingParams()
+
+    answers = []  # each sized-only ask's block length (the draft is in process)
+    original = HybridSequence.propose_sized
+    monkeypatch.setattr(HybridSequence, "propose_sized",
+                        lambda self, k: answers.append(len((block := original(self, k)).token_ids)) or block)
+
+    async def main():
+        stepped = 0
+        hybrid = HybridProposer(SuffixProposer(), ModelProposer(draft), 4, longest=8)
+        async with draft_server(proposer=hybrid, info=INFO, max_speculative_tokens=8) as (address, _):
+            link = DraftLink(address, ServerConfig(), INFO, timeout_s=10.0)
+            for i, prompt in enumerate(prompts):
+                spec = DecodeSpec(f"h{i}", prompt, greedy, 24, [], None)
+                plain = await generate(engine, spec, RequestSpeculation(SpeculationPolicy(4, 8), None), 24)
+                speculation = RequestSpeculation(SpeculationPolicy(4, 8, far_draft="step"),
+                                                 link.session(spec.request_id, greedy))
+                assert await generate(engine, spec, speculation, 24) == plain, prompt
+                stepped += speculation.stats.num_stepped_rounds
+            assert link.sizes_some_blocks
+            await link.close()
+        return stepped
+
+    stepped = asyncio.run(asyncio.wait_for(main(), 120))
+    answered = sum(1 for n in answers if n)
+    print(f"figure: {len(answers)} sized-only asks in stepping rounds, {answered} answered, {stepped} stepped rounds")
+    # (sized-only asks also come where the model's blocks stop paying, so the counts do not pair up one to one)
+    assert answered >= 1 and stepped >= 1
