@@ -1,4 +1,4 @@
-"""The hybrid draft: suffix decoding where its match is strong, the draft model everywhere else.
+"""The hybrid draft: suffix decoding where it matches, the draft model everywhere else.
 
 vLLM and Arctic make a deployment choose one method: a model draft, which drafts well everywhere at the cost of a
 forward per token, or suffix decoding / n-gram lookup, which costs nothing and drafts long blocks where the output
@@ -8,13 +8,15 @@ in that direction, composed of the two proposers as they are:
 
 - Each block comes from one side only. The suffix side is asked first, for as many tokens as its evidence goes (up to
   the draft's --max-speculative-tokens); if it drafted at least the round's threshold of tokens on its match (chained
-  tokens not counted), its block is the answer. Its length is the evidence: suffix decoding drafts at most one token
-  per matched token and stops where the continuation's estimated probability falls below --suffix-min-token-prob, so
-  a long block means a long match that went on the same way often. Otherwise the suffix's tokens are retracted and
-  the model drafts k tokens. The threshold is --hybrid-min-suffix, or the verifier's where it sends one
-  (NextBlock.min_sized, with its --hybrid-threshold priced: `SpeculationPolicy.min_sized`): the shortest match whose
-  block, at the acceptance the verifier has measured for matches that long and at the target's forward time alone,
-  emits more tokens per second than the model's block of k at its measured round time.
+  tokens not counted), its block is the answer; otherwise the suffix's tokens are retracted and the model drafts k.
+  The threshold is --hybrid-min-suffix, by default 1: any match answers, and the model drafts only where the suffix
+  side has nothing. A suffix block costs no forward, verifying a longer block costs little more than a plain step, and
+  the tokens the suffix chains past its match are often right where the output copies: measured on the Qwen2.5-Coder
+  pair, a threshold of 4 (a match of 4 tokens or more) handed rounds to the model that the suffix side won
+  (docs/design.md). The verifier may send its own threshold (NextBlock.min_sized, with its --hybrid-threshold priced:
+  `SpeculationPolicy.min_sized`): the shortest match whose block, at the acceptance the verifier has measured for
+  matches that long and at the target's forward time alone, emits more tokens per second than the model's block of k
+  at its measured cost.
 - A suffix block is not cut to k: it says it was sized by its evidence (`DraftBlock.sized_by_draft`), and the
   verifier verifies it only as far as its tokens pay, as it does every block of the suffix draft alone, and does not
   time the draft's pace on it (it took no forward). The verifier's k prices the model side, whose
@@ -59,10 +61,10 @@ SOURCES = ("suffix", "model")
 class HybridConfig:
     """Hybrid draft (--method hybrid: suffix decoding where it matches, the draft model otherwise)"""
 
-    hybrid_min_suffix: int = option(4, "the suffix side answers a round when it drafts at least this many tokens on "
+    hybrid_min_suffix: int = option(1, "the suffix side answers a round when it drafts at least this many tokens on "
                                        "its match (it drafts at most one per matched token, while the continuation "
-                                       "stays likely); else the draft model drafts the block. Used until the verifier "
-                                       "sends its own threshold, priced from both sides' measured costs")
+                                       "stays likely); else the draft model drafts the block. 1: any match. Used "
+                                       "where the verifier sends no threshold of its own (--hybrid-threshold priced)")
 
     def __post_init__(self):
         if self.hybrid_min_suffix < 1:

@@ -31,10 +31,13 @@ from devkit.stack import running_stack, scrape_metrics
 from specdec.v1 import gateway_pb2_grpc
 from tools.pair_check import cpu, run
 
-METHODS = ("model", "suffix", "hybrid", "hybrid-priced")
-# a method's draft (--method) and the verifier flags it adds: hybrid-priced is the hybrid with the verifier's threshold
-DRAFT_METHOD = {"hybrid-priced": "hybrid"}
+METHODS = ("model", "suffix", "hybrid", "hybrid-priced", "hybrid-min4")
+# a method's draft (--method) and the flags it adds: hybrid-priced is the hybrid with the verifier's threshold,
+# hybrid-min4 the hybrid whose suffix side answers only on a match of 4 tokens or more (the default until it was
+# measured against any match, docs/design.md)
+DRAFT_METHOD = {"hybrid-priced": "hybrid", "hybrid-min4": "hybrid"}
 METHOD_VERIFIER_ARGS = {"hybrid-priced": ["--hybrid-threshold", "priced"]}
+METHOD_DRAFT_ARGS = {"hybrid-min4": ["--hybrid-min-suffix", "4"]}
 FALLBACK_REASONS = "specdec_fallback_rounds_total"
 
 
@@ -55,7 +58,7 @@ def main(argv=None) -> int:
                              "holds, so that two stacks fit in 24 GiB)")
     parser.add_argument("--methods", default="model,suffix,hybrid",
                         help="which of model, suffix, hybrid, hybrid-priced (the hybrid with the verifier's "
-                             "--hybrid-threshold priced) to run")
+                             "--hybrid-threshold priced), hybrid-min4 (with --hybrid-min-suffix 4) to run")
     parser.add_argument("--out", default="")
     args = parser.parse_args(argv)
     methods = tuple(m for m in METHODS if m in args.methods.split(","))
@@ -74,7 +77,8 @@ def main(argv=None) -> int:
             args.model, args.draft_model, method=DRAFT_METHOD.get(method, method),
             verifier_args=verifier + METHOD_VERIFIER_ARGS.get(method, []), env=env, timeout_s=900,
             draft_args=(["--dtype", args.dtype] if method != "suffix" else [])
-            + (args.draft_arg if method.startswith("hybrid") else []), log_dir=pathlib.Path(logs)))
+            + (args.draft_arg if method.startswith("hybrid") else []) + METHOD_DRAFT_ARGS.get(method, []),
+            log_dir=pathlib.Path(logs)))
             for method in methods}
         print(f"stacks SERVING after {time.monotonic() - started:.0f} s", flush=True)
         stubs = {m: gateway_pb2_grpc.GatewayStub(stacks.enter_context(grpc.insecure_channel(s["gateway"].address)))

@@ -121,7 +121,7 @@ SUFFIX_PROPOSALS_MATCHED = Counter(
 # Hybrid draft (--method hybrid): which side drafted each block
 HYBRID_BLOCKS = Counter(
     "specdec_draft_hybrid_blocks",
-    "Hybrid draft blocks by the side that drafted them (suffix: its match reached --hybrid-min-suffix tokens; "
-    "model: otherwise)",
+    "Hybrid draft blocks by the side that drafted them (suffix: its match reached --hybrid-min-suffix tokens, by "
+    "default any match; model: otherwise)",
     ["source"],
 )

@@ -1,4 +1,5 @@
-"""The hybrid draft: the suffix side answers where its match is long, the model elsewhere; both sides stay in step."""
+"""The hybrid draft: the suffix side answers where it matches (as far as the threshold asks), the model elsewhere;
+both sides stay in step."""
 
 import pytest
 import torch
@@ -113,6 +114,19 @@ def test_a_match_shorter_than_the_threshold_goes_to_the_model(model):
     strong.propose(4)
     assert weak.source == "model" and strong.source == "suffix"
     assert in_step(weak) and in_step(strong)
+
+
+def test_by_default_any_match_answers_and_the_model_drafts_only_where_the_suffix_side_has_nothing(model):
+    """--hybrid-min-suffix defaults to 1: the last token occurred once before, followed by 7, and that 1-token match
+    is the suffix side's block; after a token never seen, the model drafts."""
+    assert HybridConfig().hybrid_min_suffix == 1
+    seen_once = start(model, UNIQUE + [7, 8, 9] + UNIQUE[-1:], min_suffix=HybridConfig().hybrid_min_suffix)
+    block = seen_once.propose(4)
+    assert seen_once.source == "suffix" and block.token_ids[0] == 7 and block.sized_by_draft
+    unseen = start(model, UNIQUE + [UNSEEN], min_suffix=HybridConfig().hybrid_min_suffix)
+    unseen.propose(4)
+    assert unseen.source == "model"
+    assert in_step(seen_once) and in_step(unseen)
 
 
 def test_the_verifiers_threshold_replaces_the_drafts_own_until_it_asks_for_that_again(model):

@@ -609,7 +609,8 @@ class SpeculationPolicy:
         of k: its worth is its expected tokens per second verified as far as it pays (`_best_prefix`, on the
         forward's times plus a plain round's overhead beyond its forward, with the acceptance of blocks matched as
         far); the model block's is its tokens over its whole cost, the draft's time included (`_model_block_rate`);
-        max_k + 1 where no match pays more. 0 (the draft's own rule) without priced_threshold, where the policy did
+        max_k + 1 where no match pays more. A match counts with the chained tokens that follow it up to max_k, once
+        chained tokens have been judged (`RoundCost.chained`). 0 (the draft's own rule) without priced_threshold, where the policy did
         not choose k (a fixed k, a retry), or before a forward was timed. pace: the draft's measured answer time by
         block size (`verifier_service.draft.pace.DraftPace`)."""
         if not self.priced_threshold or k <= 0:
@@ -625,8 +626,13 @@ class SpeculationPolicy:
         model_rate = self._model_block_rate(k, alpha, times, forward[k] + overhead,
                                             pace.predicted(k) if pace is not None else None)
         sized_times = [t + overhead for t in forward]
+        # such a block goes on past its match with chained tokens (the suffix side drafts up to the longest block it
+        # may), worth what chained tokens have been accepted at; priced on its match alone, a 1-token match looked
+        # worse than a model block where it brought more tokens per second
+        chains = self.cost.chained[self.greedy].judged > 0
         for length in range(1, self.max_k + 1):
-            if self._best_prefix(length, 0, 0, sized_times, alpha)[1] >= model_rate:
+            chained = self.max_k - length if chains else 0
+            if self._best_prefix(length + chained, chained, 0, sized_times, alpha)[1] >= model_rate:
                 return length
         return self.max_k + 1
 

@@ -592,3 +592,20 @@ def test_only_blocks_the_draft_sized_file_evidence_by_their_length():
     policy.cut_block(4, 0, sized=True)
     policy.observe(4, 1, 0.1, sized=True)
     assert set(policy.cost.by_length[True]) == {4}
+
+
+def test_a_suffix_match_is_priced_with_the_chained_tokens_that_follow_it():
+    """The suffix side drafts past its match (chained tokens) up to the longest block it may. Once chained tokens
+    have been judged, a match is worth its own tokens and the chained ones after it at their measured acceptance:
+    against model blocks of a middling price (a 2-token match and longer beat them on the match alone), a 1-token
+    match followed by tokens accepted half the time beats them too; chained tokens that are never right leave the
+    threshold where the match alone puts it."""
+    suffix = {1: 0.3, 2: 0.5, 3: 0.7, 4: 0.85, 5: 0.9, 6: 0.9, 7: 0.9, 8: 0.9}
+    middling = {0: 0.1, 1: 0.13, 2: 0.16, 4: 0.22, 8: 0.34}
+    thresholds = {}
+    for name, chained in (("unseen", None), ("right half the time", 0.5), ("never right", 0.0)):
+        policy = hybrid_policy(middling, suffix)
+        if chained is not None:
+            policy.cost.chained[True] = seen(chained, 200)
+        thresholds[name] = policy.min_sized(policy.block_size(1000, 1000))
+    assert thresholds == {"unseen": 2, "right half the time": 1, "never right": 2}
