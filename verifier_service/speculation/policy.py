@@ -610,9 +610,9 @@ class SpeculationPolicy:
         forward's times plus a plain round's overhead beyond its forward, with the acceptance of blocks matched as
         far); the model block's is its tokens over its whole cost, the draft's time included (`_model_block_rate`);
         max_k + 1 where no match pays more. A match counts with the chained tokens that follow it up to max_k, once
-        chained tokens have been judged (`RoundCost.chained`). 0 (the draft's own rule) without priced_threshold, where the policy did
-        not choose k (a fixed k, a retry), or before a forward was timed. pace: the draft's measured answer time by
-        block size (`verifier_service.draft.pace.DraftPace`)."""
+        chained tokens have been judged (`RoundCost.chained`). 0 (the draft's own rule) without priced_threshold,
+        where the policy did not choose k (a fixed k, a retry), or before a forward was timed. pace: the draft's
+        measured answer time by block size (`verifier_service.draft.pace.DraftPace`)."""
         if not self.priced_threshold or k <= 0:
             return 0
         if sized_only:
