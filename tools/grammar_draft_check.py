@@ -8,7 +8,8 @@ extraction, agent_loop, function_calling), greedy, the line's schema as a strict
 warm-up request per stack (the same on each, at a fixed k): speculation off (k = 0) constrained and unconstrained,
 then the four drafts at adaptive k (three constrained, suffix unconstrained), their order rotating from prompt to
 prompt. Before a prompt's runs, each stack serves it once for 2 tokens (with its schema where the stack serves
-constrained requests), so that the schema's one-time compile, cached by its hash, is not timed as decoding. Every
+constrained requests), so that the schema's one-time compile, cached by its hash, is not timed as decoding (the
+suffix stacks' caches learn those 2 tokens as a finished output, alike on each). Every
 constrained output must be the constrained plain run's, and the unconstrained suffix run's the unconstrained plain
 run's.
 
