@@ -58,8 +58,10 @@ class ModelSequence(DraftSequence):
         return sample(q, self.generator)
 
     def _feed(self, token_ids: list[int]) -> torch.Tensor:
+        """Put token_ids into the cache; the logits after the last one. The head runs on that position alone
+        (logits_to_keep): the prompt's reading and a catch-up over adopted tokens read no other position's logits."""
         input_ids = torch.tensor([token_ids], dtype=torch.long, device=self.model.device)  # [1, n]
-        out = self.model(input_ids=input_ids, past_key_values=self.cache, use_cache=True)
+        out = self.model(input_ids=input_ids, past_key_values=self.cache, use_cache=True, logits_to_keep=1)
         self.cached_length += len(token_ids)
         return out.logits[0, -1]  # [V]
 

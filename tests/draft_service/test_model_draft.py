@@ -67,3 +67,15 @@ def test_a_seeded_draft_samples_with_the_verifiers_keyed_noise(tiny_pair):
         verdict, _ = verify_block(engine, engine.start(prompt), DraftBlock(block.token_ids), params, make_generator(None))
         accepted += verdict.num_accepted
     assert accepted == 40
+
+
+def test_the_prompt_read_runs_the_head_on_the_last_position_only(proposer):
+    rows = []
+    handle = proposer.model.register_forward_hook(lambda module, args, out: rows.append(out.logits.shape[1]))
+    try:
+        seq = proposer.start(list(range(1, 40)), SamplingParams(), return_probs=False)
+        seq.catch_up()  # 38 tokens in one forward
+        seq.propose(2)
+    finally:
+        handle.remove()
+    assert rows == [1, 1, 1]

@@ -131,7 +131,7 @@ class TransformersEngine:
         end = len(state.tokens) - 1
         if self.prefill_chunk_tokens > 0:
             end = min(end, state.cached_length + self.prefill_chunk_tokens)
-        self._forward(state, state.tokens[state.cached_length:end])
+        self._forward(state, state.tokens[state.cached_length:end], last_only=True)
         state.cached_length = end
 
     def score(self, state: SequenceState, draft_token_ids: list[int]) -> torch.Tensor:
@@ -151,11 +151,14 @@ class TransformersEngine:
         state.cache = None
 
     @torch.inference_mode()
-    def _forward(self, state: SequenceState, token_ids: list[int]) -> torch.Tensor:
-        """Run token_ids after the cached prefix. Returns logits [len(token_ids), V]."""
+    def _forward(self, state: SequenceState, token_ids: list[int], last_only: bool = False) -> torch.Tensor:
+        """Run token_ids after the cached prefix. Returns logits [len(token_ids), V], or [1, V] after the last token
+        with last_only: a prefill chunk's logits are never read, and with a vocabulary of 150k the head over every
+        position of a chunk is a large share of its compute and [n, V] of memory."""
         input_ids = torch.tensor([token_ids], dtype=torch.long, device=self.device)  # [1, n]
-        out = self.model(input_ids=input_ids, past_key_values=state.cache, use_cache=True)
-        return out.logits[0]  # [n, V]
+        out = self.model(input_ids=input_ids, past_key_values=state.cache, use_cache=True,
+                         logits_to_keep=1 if last_only else 0)
+        return out.logits[0]  # [n or 1, V]
 
 
 def verify_block(engine: TransformersEngine, state: SequenceState, block: DraftBlock, sampling: SamplingParams,

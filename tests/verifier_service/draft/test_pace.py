@@ -119,9 +119,9 @@ FLOOR_MS = 15  # --draft-timeout-ms: shorter than any block, even of one token
 class SlowTarget(TransformersEngine):
     """The tiny target, as slow as a real one's step against its draft."""
 
-    def _forward(self, state, token_ids):
+    def _forward(self, state, token_ids, last_only=False):
         time.sleep(STEP_S)
-        return super()._forward(state, token_ids)
+        return super()._forward(state, token_ids, last_only)
 
 
 class SlowProposer(ModelProposer):

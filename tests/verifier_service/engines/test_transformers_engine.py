@@ -44,6 +44,25 @@ def test_one_token_prompt_needs_no_prefill(engine):
     torch.testing.assert_close(engine.score(state, [])[0], fresh_logits(engine.model, [3]), rtol=1e-4, atol=1e-4)
 
 
+def logits_rows(model) -> tuple[list[int], object]:
+    """Rows of logits each forward of `model` returns, recorded by a hook (remove the handle after)."""
+    rows = []
+    return rows, model.register_forward_hook(lambda module, args, out: rows.append(out.logits.shape[1]))
+
+
+def test_prefill_runs_the_head_on_the_last_position_only(tiny_pair):
+    engine = TransformersEngine(load_causal_lm(str(tiny_pair[0])), prefill_chunk_tokens=4)
+    rows, handle = logits_rows(engine.model)
+    try:
+        state = engine.start(list(range(3, 14)))  # 10 tokens to prefill: chunks of 4, 4 and 2
+        assert rows == [1, 1, 1]
+        logits = engine.score(state, [8, 9])  # a block's rows are all read
+    finally:
+        handle.remove()
+    assert rows[-1] == 3
+    torch.testing.assert_close(logits[0], fresh_logits(engine.model, list(range(3, 14))), rtol=1e-4, atol=1e-4)
+
+
 def seeded_run(engine, prompt, blocks, steps=24, seed=1234):
     """Tokens of a seeded T=0.9 sequence, verifying the block `blocks(tokens, round)` proposes each round."""
     from specdec.decoding.draft_block import DraftBlock

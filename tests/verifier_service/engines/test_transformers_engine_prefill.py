@@ -43,9 +43,9 @@ class RecordingEngine(TransformersEngine):
             self.prefill_gate = PrefillGate(budget)
         self.forwards: list[tuple[int, int]] = []
 
-    def _forward(self, state, token_ids):
+    def _forward(self, state, token_ids, last_only=False):
         self.forwards.append((len(state.tokens), len(token_ids)))
-        return super()._forward(state, token_ids)
+        return super()._forward(state, token_ids, last_only)
 
 
 def plain(spec_id: str, ids: list[int], max_tokens: int = 400) -> tuple[DecodeSpec, RequestSpeculation]:
