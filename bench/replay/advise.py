@@ -23,6 +23,7 @@ and recommends a proposer and k, or not to speculate.
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import json
 import os
@@ -192,28 +193,39 @@ def step_time(model, context: int, trials: int = 10) -> float:
 
 
 def hf_assisted_speedup(target, draft, tokenizer, prompts: list[Prompt], k: int, eos, repeats: int = 2) -> float:
-    """HF plain greedy vs HF assisted generation with the draft model at a constant k: median over interleaved passes."""
+    """HF plain greedy vs HF assisted generation with the draft model at a constant k: median over interleaved passes.
+
+    The block length goes on the draft's own generation config: transformers 5 sizes the assistant's blocks from
+    `assistant_model.generation_config` (AssistedCandidateGenerator) and ignores num_assistant_tokens given to the
+    target's generate, which left every block at its default of 20 tokens whatever k was asked.
+    """
     import torch
 
     pad = eos if isinstance(eos, int) else eos[0]
     common = {"do_sample": False, "temperature": None, "top_p": None, "top_k": None, "eos_token_id": eos,
               "pad_token_id": pad}
-    assisted = {"assistant_model": draft, "num_assistant_tokens": k, "num_assistant_tokens_schedule": "constant",
-                "assistant_confidence_threshold": 0.0}
+    saved = draft.generation_config
+    draft.generation_config = copy.deepcopy(saved)
+    draft.generation_config.num_assistant_tokens = k
+    draft.generation_config.num_assistant_tokens_schedule = "constant"
+    draft.generation_config.assistant_confidence_threshold = 0.0  # no early stop: the block is k tokens
     ratios = []
-    for repeat in range(repeats):
-        tokens, wall = [0, 0], [0.0, 0.0]
-        for index, prompt in enumerate(prompts):
-            ids = tokenizer(prompt.text, return_tensors="pt", add_special_tokens=False)["input_ids"]  # [1, prompt]
-            order = [0, 1] if (repeat + index) % 2 == 0 else [1, 0]
-            for variant in order:
-                started = time.perf_counter()
-                with torch.inference_mode():
-                    out = target.generate(ids, max_new_tokens=prompt.max_tokens, **common,
-                                          **(assisted if variant else {}))
-                wall[variant] += time.perf_counter() - started
-                tokens[variant] += out.shape[1] - ids.shape[1]
-        ratios.append((tokens[1] / wall[1]) / (tokens[0] / wall[0]))
+    try:
+        for repeat in range(repeats):
+            tokens, wall = [0, 0], [0.0, 0.0]
+            for index, prompt in enumerate(prompts):
+                ids = tokenizer(prompt.text, return_tensors="pt", add_special_tokens=False)["input_ids"]  # [1, prompt]
+                order = [0, 1] if (repeat + index) % 2 == 0 else [1, 0]
+                for variant in order:
+                    started = time.perf_counter()
+                    with torch.inference_mode():
+                        out = target.generate(ids, max_new_tokens=prompt.max_tokens, **common,
+                                              **({"assistant_model": draft} if variant else {}))
+                    wall[variant] += time.perf_counter() - started
+                    tokens[variant] += out.shape[1] - ids.shape[1]
+            ratios.append((tokens[1] / wall[1]) / (tokens[0] / wall[0]))
+    finally:
+        draft.generation_config = saved
     return statistics.median(ratios)
 
 
