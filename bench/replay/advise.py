@@ -159,10 +159,7 @@ def greedy_continuations(model, tokenizer, prompts: list[Prompt], eos) -> tuple[
     out, tokens, wall, prefill = [], 0, 0.0, 0.0
     for prompt in prompts:
         ids = tokenizer(prompt.text, return_tensors="pt", add_special_tokens=False)["input_ids"]  # [1, prompt]
-        started = time.perf_counter()
-        with torch.inference_mode():
-            model(ids)
-        prefill += time.perf_counter() - started
+        prefill += prompt_read_time(model, ids)
         started = time.perf_counter()
         with torch.inference_mode():
             gen = model.generate(ids, max_new_tokens=prompt.max_tokens, do_sample=False, eos_token_id=eos,
@@ -173,6 +170,17 @@ def greedy_continuations(model, tokenizer, prompts: list[Prompt], eos) -> tuple[
         tokens += len(new)
         out.append((ids[0].tolist(), new))
     return out, tokens / wall if wall else 0.0, min(1.0, prefill / wall) if wall else 0.0
+
+
+def prompt_read_time(model, ids) -> float:
+    """Seconds `model` takes to read a prompt ids [1, n] into a fresh cache, the head on the last position alone
+    (as generate, the verifier's prefill and the model draft run it)."""
+    import torch
+
+    started = time.perf_counter()
+    with torch.inference_mode():
+        model(ids, use_cache=True, logits_to_keep=1)
+    return time.perf_counter() - started
 
 
 def step_time(model, context: int, trials: int = 10) -> float:
@@ -259,15 +267,17 @@ def loop_speedups(target, runs, prompts: list[Prompt], plan: dict[str, tuple[rep
 
 
 def predict_table(runs, drafts: replay.Drafts, c_model: float | None, target_step: float, curve, rho: float,
-                  rho_off: float, prefill_share: float) -> list[dict]:
+                  rho_off: float, prefill_share: float, draft_read_share: float = 0.0) -> list[dict]:
     """Per k: the replayed rounds and the model's speedup for the service (with transport) and in-process (without).
 
-    A draft model costs c per drafted token (the hybrid's, c times the share of tokens its model side drafted). The
+    A draft model costs c per drafted token (the hybrid's, c times the share of tokens its model side drafted), and
+    its prompt read once a request (draft_read_share of plain decoding's time; the hybrid's model reads it too). The
     no-model drafts' lookup time is per round, not per token: it goes in as d = draft time per round / target step,
     beside rho.
     """
     from bench.replay import loop as replay
 
+    read = draft_read_share if c_model is not None else 0.0
     table = []
     for k in K_VALUES:
         stats = replay.replay(runs, k, drafts.new_pass())
@@ -282,8 +292,8 @@ def predict_table(runs, drafts: replay.Drafts, c_model: float | None, target_ste
                       "no_draft_share": 1 - stats.drafts / max(1, stats.rounds),
                       "tokens_per_round": stats.tokens / max(1, stats.rounds), "c": c, "d": d,
                       "tokens": stats.tokens, "rounds_by_block": dict(stats.rounds_by_block),
-                      "predicted": speedup_model.with_prefill(service, prefill_share),
-                      "predicted_in_process": speedup_model.with_prefill(local, prefill_share)})
+                      "predicted": speedup_model.with_prefill(service, prefill_share, read),
+                      "predicted_in_process": speedup_model.with_prefill(local, prefill_share, read)})
     return table
 
 
@@ -476,6 +486,13 @@ def predict(args: argparse.Namespace, models: Models, names: list[str], forced: 
         drafts["hybrid"] = replay.hybrid_drafts(models.draft, max(K_VALUES))
     uses_model = set(names) & set(MODEL_PROPOSERS)
     c_model = step_time(models.draft, context) / target_step if uses_model else None
+    draft_read_share = 0.0
+    if uses_model:
+        plain_wall = sum(len(c) for _, c in runs) / plain_tps if plain_tps else 0.0
+        read = sum(prompt_read_time(models.draft, torch.tensor([p])) for p, _ in runs)  # ids [1, prompt]
+        draft_read_share = min(1.0, read / plain_wall) if plain_wall else 0.0
+        print(f"draft: reads the prompts in {read:.2f} s, {draft_read_share:.1%} of plain decoding's time "
+              "(once a request, before its first block)")
     tables = {}
     suffix_table = None
     for name in names:
@@ -489,7 +506,7 @@ def predict(args: argparse.Namespace, models: Models, names: list[str], forced: 
                   f"{forced.acceptance:.2f} (given; predicted only: not replayed or measured here)")
         else:
             table = predict_table(runs, drafts[name], c_model if name in MODEL_PROPOSERS else None, target_step,
-                                  curve, rho, rho_off, prefill_share)
+                                  curve, rho, rho_off, prefill_share, draft_read_share)
             if name == "suffix":
                 suffix_table = table
         tables[name] = table
@@ -500,7 +517,8 @@ def predict(args: argparse.Namespace, models: Models, names: list[str], forced: 
             print(f"  {row['k']:>2} | {row['acceptance_rate']:>10.2f} | {row['block']:>5.2f} | "
                   f"{row['no_draft_share']:>16.0%} | {row['tokens_per_round']:>12.2f} | {row['predicted']:>20.2f}x | "
                   f"{row['predicted_in_process']:>9.2f}x")
-    print("\n(predicted S: the rounds above with the measured verify cost t(k+1)/t(1), c, rho and the prefill share; "
+    print("\n(predicted S: the rounds above with the measured verify cost t(k+1)/t(1), c, rho, the prefill share and "
+          "a draft model's prompt read; "
           "in-process: without transport, what the loop below measures)")
     return tables, drafts, runs, prompts, eos
 

@@ -99,10 +99,14 @@ def predicted_speedup_of_rounds(tokens: float, rounds_by_block: Mapping[float, f
     return tokens * (1.0 + rho_off) / cost
 
 
-def with_prefill(decode_speedup: float, prefill_share: float) -> float:
-    """End-to-end speedup when a share of plain decoding's wall time is prefill, which speculation leaves as is."""
+def with_prefill(decode_speedup: float, prefill_share: float, draft_read_share: float = 0.0) -> float:
+    """End-to-end speedup when a share of plain decoding's wall time is prefill, which speculation leaves as is.
+
+    draft_read_share: the time a draft model takes to read the prompt, as a share of plain decoding's wall time; it
+    reads it before its first block, after the target's prefill, so speculation adds it (0: a draft without a model).
+    """
     prefill_share = min(max(prefill_share, 0.0), 1.0)
-    return 1.0 / (prefill_share + (1.0 - prefill_share) / decode_speedup)
+    return 1.0 / (prefill_share + max(draft_read_share, 0.0) + (1.0 - prefill_share) / decode_speedup)
 
 
 def best_k(alpha: float, curve: VerifyCurve | None = None, c: float = 0.0, rho: float = 0.0,

@@ -261,6 +261,7 @@ def test_advisor_on_tiny_pair_compares_proposers(tiny_pair, tmp_path, capsys):
     # every measurement runs the target as the verifier does: prepacked in float32 (curve and loop alike)
     assert "linears prepacked for oneDNN, as the verifier runs them" in out
     assert "verify cost (measured in-process" in out and "t(4)/t(1) = " in out
+    assert "draft: reads the prompts in " in out  # its share enters the model and hybrid predictions
     for name in ("ngram", "suffix", "model", "hybrid"):
         assert f"\n{name}: c = " in out
         assert f"measured in-process ({'HF assisted generation' if name == 'model' else 'speculative loop'}, {name} " \

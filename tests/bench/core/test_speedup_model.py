@@ -60,6 +60,12 @@ def test_with_prefill_is_amdahl():
     assert speedup.with_prefill(2.0, 0.2) == pytest.approx(1 / (0.2 + 0.4))
 
 
+def test_a_draft_models_prompt_read_adds_to_the_speculative_time():
+    # plain: 0.2 prefill + 0.8 decode; speculative: 0.2 + the draft's read 0.1 + 0.8 / 2
+    assert speedup.with_prefill(2.0, 0.2, 0.1) == pytest.approx(1 / (0.2 + 0.1 + 0.4))
+    assert speedup.with_prefill(1.0, 0.0, 0.25) == pytest.approx(0.8)  # no decode gain: the read is a loss
+
+
 def test_best_k_and_ceiling_follow_the_curve():
     # Free verification and near-certain acceptance: the longest block wins.
     assert speedup.best_k(0.95, None, k_max=8)[0] == 8
