@@ -183,21 +183,40 @@ def prompt_read_time(model, ids) -> float:
     return time.perf_counter() - started
 
 
-def step_time(model, context: int, trials: int = 10) -> float:
-    """Median single-token forward time with a KV cache at `context` tokens."""
+def stepper(model, context: int):
+    """A function that runs one single-token forward with a KV cache at `context` tokens and returns its seconds."""
     import torch
 
+    from specdec.modeling.kv_cache import rollback_cache
+
     ids = torch.randint(3, model.config.vocab_size, (1, max(2, context)))  # [1, context]
-    times = []
     with torch.inference_mode():
-        out = model(ids, use_cache=True)
-        cache = out.past_key_values
-        for _ in range(trials):
+        cache = model(ids, use_cache=True, logits_to_keep=1).past_key_values
+
+    def step() -> float:
+        with torch.inference_mode():
             started = time.perf_counter()
-            out = model(ids[:, -1:], past_key_values=cache, use_cache=True)
-            times.append(time.perf_counter() - started)
-            cache = out.past_key_values
+            model(ids[:, -1:], past_key_values=cache, use_cache=True)
+            seconds = time.perf_counter() - started
+        rollback_cache(cache, ids.shape[1])  # the same context every step
+        return seconds
+
+    return step
+
+
+def step_time(model, context: int, trials: int = 10) -> float:
+    """Median single-token forward time with a KV cache at `context` tokens."""
+    step = stepper(model, context)
+    times = [step() for _ in range(trials)]
     return statistics.median(times[2:] or times)
+
+
+def step_ratio(draft, target, context: int, trials: int = 12) -> float:
+    """c: a draft step over a target step at `context` tokens, the two alternated, median of the pairs' ratios (a
+    shared machine's load moves both alike; measured apart, its swings went into c)."""
+    draft_step, target_step = stepper(draft, context), stepper(target, context)
+    ratios = [draft_step() / target_step() for _ in range(trials)]
+    return statistics.median(ratios[2:])
 
 
 def hf_assisted_speedup(target, draft, tokenizer, prompts: list[Prompt], k: int, eos, repeats: int = 2) -> float:
@@ -485,7 +504,7 @@ def predict(args: argparse.Namespace, models: Models, names: list[str], forced: 
     if "hybrid" in names:
         drafts["hybrid"] = replay.hybrid_drafts(models.draft, max(K_VALUES))
     uses_model = set(names) & set(MODEL_PROPOSERS)
-    c_model = step_time(models.draft, context) / target_step if uses_model else None
+    c_model = step_ratio(models.draft, target, context) if uses_model else None
     draft_read_share = 0.0
     if uses_model:
         plain_wall = sum(len(c) for _, c in runs) / plain_tps if plain_tps else 0.0
@@ -525,9 +544,13 @@ def predict(args: argparse.Namespace, models: Models, names: list[str], forced: 
 
 def measure(models: Models, names: list[str], tables: dict, drafts: dict, runs, prompts, eos) -> dict:
     """Each draft's in-process speedup at its best predicted k, against its prediction."""
+    from bench.replay import loop as replay
+
     eos_set = set(eos) if isinstance(eos, (list, tuple)) else {eos}
     best = {name: max(table, key=lambda row: row["predicted"]) for name, table in tables.items()}
     plan = {name: (drafts[name], best[name]["k"]) for name in names if name not in ("model", *GRAMMAR_PROPOSERS)}
+    if "hybrid" in plan:  # timed with the service's own model draft: the replay's memoised proposals cost nothing
+        plan["hybrid"] = (replay.hybrid_drafts(models.draft, max(K_VALUES), live=True), best["hybrid"]["k"])
     measured = loop_speedups(models.target, runs, prompts, plan, eos_set) if plan else {}
     if "model" in names:
         measured["model"] = hf_assisted_speedup(models.target, models.draft, models.target_tok, prompts,

@@ -92,10 +92,16 @@ def model_drafts(model, k_max: int) -> Drafts:
     return Drafts("model", lambda: (lambda prompt_ids: ModelSequence(prompt_ids, model, k_max, memo)))
 
 
-def hybrid_drafts(model, k_max: int, min_suffix: int | None = None) -> Drafts:
+def hybrid_drafts(model, k_max: int, min_suffix: int | None = None, live: bool = False) -> Drafts:
     """The draft service's hybrid (`draft_service.hybrid`) over the suffix proposer and the draft model's replay;
-    `drafted_by` counts each side's tokens."""
+    `drafted_by` counts each side's tokens.
+
+    live: the model side is the draft service's own (`draft_service.model_draft`, a forward per token over its KV
+    cache), for timing; the replay's memoises its proposals, so a second pass over the same text drafts for free.
+    """
     from draft_service.hybrid import HybridConfig, HybridSequence
+    from draft_service.model_draft import ModelProposer
+    from specdec.decoding.sampling import SamplingParams
 
     suffix, memo = suffix_drafts(), {}
     min_suffix = HybridConfig.hybrid_min_suffix if min_suffix is None else min_suffix
@@ -110,6 +116,10 @@ def hybrid_drafts(model, k_max: int, min_suffix: int | None = None) -> Drafts:
     def new_pass() -> OpenSequence:
         drafted_by.clear()
         open_suffix = suffix.new_pass()
+        if live:
+            proposer = ModelProposer(model)
+            return lambda prompt_ids: CountedHybrid(open_suffix(prompt_ids),
+                                                    proposer.start(prompt_ids, SamplingParams(), False), min_suffix)
         return lambda prompt_ids: CountedHybrid(open_suffix(prompt_ids), ModelSequence(prompt_ids, model, k_max, memo),
                                                 min_suffix)
 
@@ -201,7 +211,7 @@ def speculative_greedy(model, prompt_ids: list[int], max_new_tokens: int, k: int
     done = False
     with torch.inference_mode():
         if len(prompt_ids) > 1:
-            model(input_ids=torch.tensor([prompt_ids[:-1]]), past_key_values=cache, use_cache=True)
+            model(input_ids=torch.tensor([prompt_ids[:-1]]), past_key_values=cache, use_cache=True, logits_to_keep=1)
         pending = prompt_ids[-1]
         while not done:
             room = min(k, max_new_tokens - len(generated) - 1)

@@ -22,3 +22,10 @@ def test_assisted_generation_verifies_blocks_of_the_asked_k(tiny_pair, k):
     rounds = rows[rows.index(max(rows)) + 1:]  # after the assisted run's first forward (its prompt)
     assert rounds and max(rounds) == k + 1 and set(rounds) <= set(range(1, k + 2))
     assert draft.generation_config.num_assistant_tokens == default_k  # the draft's own config is restored
+
+
+def test_step_ratio_of_a_model_against_itself_is_about_one(tiny_pair):
+    from bench.replay.advise import step_ratio
+
+    target = load_causal_lm(str(tiny_pair[0]), dtype="float32")
+    assert 0.5 < step_ratio(target, target, context=32) < 2.0

@@ -61,3 +61,34 @@ def test_model_drafts_replay_a_draft_that_equals_the_target_accepts_everything(t
     plain = replay.speculative_greedy(target, prompt, 12, 0, None, eos=set())
     stats = replay.replay([(prompt, plain)], k, replay.model_drafts(target, 8).new_pass())
     assert stats.accepted == stats.drafted > 0 and stats.tokens == 12
+
+
+def test_a_live_hybrid_runs_the_draft_model_every_pass_and_accepts_what_the_replay_predicts(tiny_pair):
+    """The live hybrid (for timing) drafts with the service's model draft: a forward per model token on every pass,
+    where the replay's memoised model drafts the same text for free the second time; both accept the same."""
+    from specdec.modeling.models import load_causal_lm
+
+    target, draft = (load_causal_lm(str(path), dtype="float32") for path in tiny_pair)
+    prompt = [5, 17, 33, 17, 33, 17, 33, 42]
+    plain = replay.speculative_greedy(target, prompt, 16, 0, None, eos=set())
+    forwards = []
+    handle = draft.register_forward_hook(lambda module, args, out: forwards.append(1))
+    try:
+        counts = []
+        for live in (False, True):
+            drafts = replay.hybrid_drafts(draft, 8, live=live)
+            stats = []
+            for _ in range(2):
+                forwards.clear()
+                loop_stats = replay.ReplayStats()
+                out = replay.speculative_greedy(target, prompt, 16, 4, drafts.new_pass()(prompt), eos=set(),
+                                                stats=loop_stats)
+                assert out == plain
+                stats.append((loop_stats.accepted, loop_stats.rounds))
+                counts.append((live, len(forwards)))
+            assert stats[0] == stats[1]
+    finally:
+        handle.remove()
+    (_, replay_first), (_, replay_second), (_, live_first), (_, live_second) = counts
+    assert replay_second == 0 < replay_first  # memoised: the second pass over the same text costs nothing
+    assert live_first == live_second > 0
