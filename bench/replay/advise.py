@@ -285,6 +285,13 @@ def loop_speedups(target, runs, prompts: list[Prompt], plan: dict[str, tuple[rep
     return {name: statistics.median(values) for name, values in ratios.items()}
 
 
+def hybrid_cost_per_token(c_model: float, model_tokens: int, drafted: int) -> float:
+    """The hybrid's draft cost per drafted token: c for each token its model side drafted, spread over the tokens
+    its blocks put before the target (`drafted`: the suffix side's chained tokens are cut from a block at a fixed k,
+    so they are not among them, though its proposals held them)."""
+    return c_model * min(1.0, model_tokens / drafted) if drafted else 0.0
+
+
 def predict_table(runs, drafts: replay.Drafts, c_model: float | None, target_step: float, curve, rho: float,
                   rho_off: float, prefill_share: float, draft_read_share: float = 0.0) -> list[dict]:
     """Per k: the replayed rounds and the model's speedup for the service (with transport) and in-process (without).
@@ -302,7 +309,7 @@ def predict_table(runs, drafts: replay.Drafts, c_model: float | None, target_ste
         stats = replay.replay(runs, k, drafts.new_pass())
         c, d = (c_model, 0.0) if c_model is not None else (0.0, stats.draft_s / max(1, stats.rounds) / target_step)
         if drafts.drafted_by is not None and c_model is not None:  # hybrid: only the model's tokens cost c
-            c = c_model * drafts.drafted_by["model"] / max(1, sum(drafts.drafted_by.values()))
+            c = hybrid_cost_per_token(c_model, drafts.drafted_by["model"], stats.drafted)
         service = speedup_model.predicted_speedup_of_rounds(stats.tokens, stats.rounds_by_block, curve, c, rho + d,
                                                             rho_off)
         local = speedup_model.predicted_speedup_of_rounds(stats.tokens, stats.rounds_by_block, curve, c, d)

@@ -29,3 +29,12 @@ def test_step_ratio_of_a_model_against_itself_is_about_one(tiny_pair):
 
     target = load_causal_lm(str(tiny_pair[0]), dtype="float32")
     assert 0.5 < step_ratio(target, target, context=32) < 2.0
+
+
+def test_the_hybrids_model_cost_is_spread_over_the_tokens_its_blocks_held():
+    from bench.replay.advise import hybrid_cost_per_token
+
+    # 96 model tokens among 141 tokens in blocks: the suffix side's 154 proposed (chained included) do not dilute it
+    assert hybrid_cost_per_token(0.45, 96, 141) == pytest.approx(0.45 * 96 / 141)
+    assert hybrid_cost_per_token(0.45, 0, 50) == 0.0 and hybrid_cost_per_token(0.45, 0, 0) == 0.0
+    assert hybrid_cost_per_token(0.45, 10, 8) == 0.45  # never more than a model block's own cost
