@@ -183,40 +183,22 @@ def prompt_read_time(model, ids) -> float:
     return time.perf_counter() - started
 
 
-def stepper(model, context: int):
-    """A function that runs one single-token forward with a KV cache at `context` tokens and returns its seconds."""
-    import torch
-
-    from specdec.modeling.kv_cache import rollback_cache
-
-    ids = torch.randint(3, model.config.vocab_size, (1, max(2, context)))  # [1, context]
-    with torch.inference_mode():
-        cache = model(ids, use_cache=True, logits_to_keep=1).past_key_values
-
-    def step() -> float:
-        with torch.inference_mode():
-            started = time.perf_counter()
-            model(ids[:, -1:], past_key_values=cache, use_cache=True)
-            seconds = time.perf_counter() - started
-        rollback_cache(cache, ids.shape[1])  # the same context every step
-        return seconds
-
-    return step
-
-
 def step_time(model, context: int, trials: int = 10) -> float:
-    """Median single-token forward time with a KV cache at `context` tokens."""
-    step = stepper(model, context)
-    times = [step() for _ in range(trials)]
-    return statistics.median(times[2:] or times)
+    """Median single-token forward time in seconds with a KV cache at `context` tokens (`verify_cost.measure`)."""
+    from bench.studies import verify_cost
+
+    curve = verify_cost.measure(model, str(model.device), context, [1], repeats=trials, warmup=2)
+    return curve["t_ms"]["1"] / 1e3
 
 
 def step_ratio(draft, target, context: int, trials: int = 12) -> float:
-    """c: a draft step over a target step at `context` tokens, the two alternated, median of the pairs' ratios (a
-    shared machine's load moves both alike; measured apart, its swings went into c)."""
-    draft_step, target_step = stepper(draft, context), stepper(target, context)
-    ratios = [draft_step() / target_step() for _ in range(trials)]
-    return statistics.median(ratios[2:])
+    """c: a draft step over a target step at `context` tokens, the two alternated step by step
+    (`verify_cost.measure_each`): a shared machine's load moves both alike; measured apart, its swings went into c."""
+    from bench.studies import verify_cost
+
+    draft_curve, target_curve = verify_cost.measure_each([draft, target], str(target.device), context, [1],
+                                                         repeats=trials, warmup=2)
+    return draft_curve["t_ms"]["1"] / target_curve["t_ms"]["1"]
 
 
 def hf_assisted_speedup(target, draft, tokenizer, prompts: list[Prompt], k: int, eos, repeats: int = 2) -> float:
