@@ -31,10 +31,11 @@ in that direction, composed of the two proposers as they are:
 - The model's KV cache is extended lazily: adopting a suffix block only appends token ids, and the next model
   proposal feeds everything its cache lacks in one forward (as a model draft feeds the target's token each round).
   Rounds the suffix answers cost no model forward at all; the first model round after a run of them pays one
-  prefill-like forward over the tokens of that run, far cheaper than one forward per token. The prompt is the
-  exception: the model reads it in the first round whichever side answers (`DraftSequence.catch_up`), since that
-  is the round the verifier waits longer for while the draft reads the prompt; read later, in an ordinary round,
-  it made that round time out.
+  prefill-like forward over the tokens of that run, far cheaper than one forward per token. The prompt is read
+  the same way, when the model first drafts: a request whose suffix side answers every round never pays the
+  model's prompt read (on an extraction workload, a tenth of a request). The verifier treats its asks as a
+  stream's opening until the model has answered one (its longer wait, then plain steps until the answer comes),
+  so the round that has the model read the prompt does not time out.
 
 The verifier chooses k (`sizes_blocks` is False): the model side's cost grows with k, and the verifier's adaptive k
 weighs it (the draft's measured pace). The two sides are priced apart: a suffix block's time and acceptance are not
@@ -77,7 +78,6 @@ class HybridSequence(DraftSequence):
     def __init__(self, suffix: DraftSequence, model: DraftSequence, min_suffix: int, longest: int = 0):
         self.suffix, self.model, self.min_suffix = suffix, model, min_suffix
         self.longest = longest  # the longest block the suffix side may size by its evidence (0: k)
-        self.opened = False  # the first proposal was made (and the model side read the prompt)
         self.asked_min = 0  # the verifier's threshold for the suffix side (NextBlock.min_sized; 0: min_suffix)
 
     @property
@@ -95,9 +95,6 @@ class HybridSequence(DraftSequence):
     def propose(self, k: int) -> DraftBlock:
         if k <= 0:
             return DraftBlock.empty()
-        if not self.opened:  # the round the verifier gives the prompt's reading: the model reads it now
-            self.model.catch_up()
-            self.opened = True
         block = self._suffix_block(k)
         if block is None:
             block = self.model.propose(k)

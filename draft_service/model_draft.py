@@ -43,12 +43,6 @@ class ModelSequence(DraftSequence):
         probs = torch.stack(rows) if (self.return_probs and rows) else None  # [k, V]
         return DraftBlock(proposal, probs)
 
-    @torch.inference_mode()
-    def catch_up(self) -> None:
-        """Feed every token but the last into the cache (the next proposal feeds the last, for its logits)."""
-        if len(self.tokens) - 1 > self.cached_length:
-            self._feed(self.tokens[self.cached_length:-1])
-
     def _draw(self, q: torch.Tensor) -> int:
         """The draft token at position len(tokens). q: [V]."""
         if self.sampling.greedy:

@@ -45,11 +45,6 @@ class DraftSequence(abc.ABC):
     def confirm(self, length: int) -> None:
         """The verifier's sync matched the assumed one: tokens[:length] are the prompt and the target's tokens."""
 
-    def catch_up(self) -> None:
-        """Read the tokens so far now, ahead of the next proposal, where reading them costs (a model's prefill);
-        nothing for a proposer whose reading is free. The hybrid draft calls it in its first round, the one the
-        verifier waits longer for while the draft reads the prompt, whichever side answers that round."""
-
     def adopt(self, token_ids: list[int]) -> None:
         """Append a block another proposer drafted for this sequence, as if this one had proposed it: unverified,
         so the next update rolls it back unless the verifier keeps it (the hybrid draft keeps its sides in step)."""

@@ -56,30 +56,30 @@ def served_info(model, max_context: int = 0):
 
 
 def test_a_repeated_span_is_drafted_by_the_suffix_side_without_a_model_forward(model, monkeypatch):
-    """Past the first round (where the model side reads the prompt, whichever side answers), a suffix round costs
-    the model nothing."""
+    """A suffix round costs the model nothing, not even the prompt's reading."""
     seq = start(model, REPEATED)
     fed = counting_feeds(seq, monkeypatch)
     seq.propose(6)
-    assert seq.source == "suffix" and fed == [len(REPEATED) - 1]  # the prompt read, the last token left to feed
+    assert seq.source == "suffix" and fed == []
     seq.update(len(REPEATED), [SPAN[12]])
     before = blocks("suffix")
     block = seq.propose(6)
     assert seq.source == "suffix" and block.token_ids == SPAN[13:19] and block.probs is None
-    assert fed == [len(REPEATED) - 1] and in_step(seq)  # the model side adopted the block's ids, nothing more
+    assert fed == [] and in_step(seq)  # the model side adopted the block's ids, nothing more
     assert blocks("suffix") == before + 1
 
 
-def test_the_model_side_reads_the_prompt_in_the_first_round_even_when_the_suffix_answers_it(model, monkeypatch):
-    """The verifier waits longer for a stream's first round while the draft reads the prompt; a model side that
-    read it later, in its own first round, would make an ordinary round wait for a prefill."""
+def test_the_model_side_reads_the_prompt_when_it_first_drafts(model, monkeypatch):
+    """Rounds the suffix side answers leave the prompt unread; the model's first block reads the prompt and the
+    tokens since in one forward, then drafts (the verifier waits for that ask as a stream's opening). A request the
+    suffix side answers throughout never pays the model's prompt read."""
     seq = start(model, REPEATED)
     fed = counting_feeds(seq, monkeypatch)
     seq.propose(6)
-    assert seq.source == "suffix" and seq.model.cached_length == len(REPEATED) - 1
+    assert seq.source == "suffix" and seq.model.cached_length == 0
     seq.update(len(REPEATED), [UNSEEN])  # nothing after UNSEEN matches: the model drafts
     seq.propose(2)
-    assert seq.source == "model" and fed == [len(REPEATED) - 1, 2, 1]  # its lag: the last prompt token and UNSEEN
+    assert seq.source == "model" and fed == [len(REPEATED) + 1, 1]  # the prompt and UNSEEN, then its first token
 
 
 def test_a_suffix_block_goes_as_far_as_its_match_not_as_far_as_k(model):
@@ -168,13 +168,12 @@ def test_rollback_keeps_both_sides_in_step_and_the_model_catches_up_in_one_forwa
         kept = len(seq.tokens) - len(block.token_ids) + 3
         seq.update(kept, [block.token_ids[3]])
         assert in_step(seq)
-    assert fed == [len(REPEATED) - 1]  # the prompt, read in the first round
-    del fed[:]
+    assert fed == []  # not even the prompt: the model has not drafted yet
     seq.update(len(seq.tokens), [UNSEEN])  # nothing after UNSEEN matches: the model drafts
     lag = len(seq.tokens) - seq.model.cached_length
     block = seq.propose(3)
     assert seq.source == "model" and in_step(seq)
-    assert fed[0] == lag and len(fed) == 3  # the whole lag in the first forward, then one token per draft token
+    assert fed[0] == lag and len(fed) == 3  # the whole lag (the prompt too) in one forward, then one per draft token
     seq.update(len(seq.tokens) - 2, [5])  # rolled back into the model's block
     assert in_step(seq) and seq.tokens[-2:] == [block.token_ids[0], 5]
     logits = seq.model._feed(seq.tokens[seq.model.cached_length:])
@@ -242,7 +241,7 @@ def test_a_sized_only_ask_gets_the_suffix_sides_block_or_nothing_and_never_runs_
     assert fed == [] and in_step(seq)
     seq.update(len(REPEATED), [UNSEEN])
     assert seq.propose_sized(4).token_ids == [] and fed == [] and in_step(seq)
-    assert len(seq.propose(4).token_ids) == 4 and seq.source == "model" and fed[0] == len(REPEATED)
+    assert len(seq.propose(4).token_ids) == 4 and seq.source == "model" and fed[0] == len(REPEATED) + 1
     assert in_step(seq)
     assert HybridProposer.sizes_some_blocks and not SuffixProposer.sizes_some_blocks
 

@@ -143,6 +143,20 @@ def fitted_line(points: list[tuple[int, float]]) -> tuple[float, float]:
     return max(mean_t - b * mean_k, 1e-9), b
 
 
+def increasing(points: list[tuple[int, float, int]]) -> dict[int, float]:
+    """{n: value} for (n, value, weight) sorted by n, made non-decreasing in n by pooling adjacent violators: the
+    least-squares fit, weighted, among non-decreasing curves (isotonic regression)."""
+    blocks: list[list[float]] = []  # [weighted sum, weight, count of points] of each pooled run
+    for _, value, weight in points:
+        weight = max(weight, 1)
+        blocks.append([value * weight, float(weight), 1])
+        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
+            total, w, count = blocks.pop()
+            blocks[-1] = [blocks[-1][0] + total, blocks[-1][1] + w, blocks[-1][2] + count]
+    values = [total / w for total, w, count in blocks for _ in range(count)]
+    return {n: value for (n, _, _), value in zip(points, values)}
+
+
 def along(measured: dict[int, float], k: int, slope: float) -> float:
     """The time at block size k from the times measured at some sizes (at least one): linear between the two nearest,
     along `slope` before the smallest and past the largest."""
@@ -215,6 +229,8 @@ class RoundCost:
     def __init__(self):
         self.seconds: dict[int, Ewma] = {}  # by verified draft tokens
         self.acceptance = {True: Acceptance(SERVER_DECAY), False: Acceptance(SERVER_DECAY)}  # by greedy
+        # the matched tokens of blocks judged apart (the hybrid's suffix side), by greedy: their prior, not the model's
+        self.sized_acceptance = {True: Acceptance(SERVER_DECAY), False: Acceptance(SERVER_DECAY)}
         self.chained = {True: Acceptance(SERVER_DECAY), False: Acceptance(SERVER_DECAY)}  # chained tokens, by greedy
         self.forced = {greedy: Acceptance(SERVER_DECAY, FORCED_PRIOR) for greedy in (True, False)}  # grammar-forced
         self.by_length: dict[bool, dict[int, Acceptance]] = {True: {}, False: {}}  # matched tokens, by drafted match
@@ -228,14 +244,16 @@ class RoundCost:
 
     def forward_times(self, max_k: int) -> list[float] | None:
         """The target's forward pass over a round of k draft tokens, k = 0..max_k, with no draft wait in it: what a
-        block whose answer is already here costs to verify. Each size's own average where timed, linear between
-        them, along the line fitted to them beyond (PRIOR_SLOPE with one size); never falling as k grows. None
-        before any forward was timed."""
-        points = sorted((n, e.value) for n, e in self.forward.items() if e.value is not None)
-        if not points:
+        block whose answer is already here costs to verify. The timed sizes' averages made non-decreasing in k, each
+        size weighted by its samples (`increasing`), linear between them, along the line fitted to them beyond
+        (PRIOR_SLOPE with one size). None before any forward was timed. Clamped to the running maximum instead, one
+        slow forward at a size seldom timed since (one that ran beside the draft's prompt read, say) set the price of
+        every longer block, and long blocks were verified as if their extra tokens were free."""
+        timed = sorted((n, e.value, e.samples) for n, e in self.forward.items() if e.value is not None)
+        if not timed:
             return None
-        _, slope = fitted_line(points)
-        measured = dict(points)
+        _, slope = fitted_line([(n, value) for n, value, _ in timed])
+        measured = increasing(timed)
         times: list[float] = []
         for k in range(max_k + 1):
             t = max(along(measured, k, slope), 1e-9)
@@ -255,8 +273,7 @@ class RoundCost:
             self.seconds.setdefault(num_draft_tokens, Ewma()).add(round_s)
         matched, accepted = matched_part(num_draft_tokens, num_accepted, num_chained, num_forced)
         if matched:
-            if not apart:
-                self.acceptance[greedy].add(matched, accepted)
+            (self.sized_acceptance if apart else self.acceptance)[greedy].add(matched, accepted)
             if drafted_matched:
                 self.by_length[greedy].setdefault(min(drafted_matched, LENGTH_BUCKETS), Acceptance(SERVER_DECAY)).add(
                     matched, accepted)
@@ -409,6 +426,7 @@ class SpeculationPolicy:
         self.far_draft = far_draft  # auto: step_while_drafting weighs it; wait / step: always that (--far-draft)
         self.priced_threshold = priced_threshold  # min_sized prices the hybrid's sides (--hybrid-threshold priced)
         self.acceptance = Acceptance(DECAY)  # this request's
+        self.sized_acceptance = Acceptance(DECAY)  # this request's, of the blocks judged apart (`sized_alpha`)
         self.cooldown = 0  # plain rounds left before speculation is retried
         self.next_cooldown = COOLDOWN_ROUNDS
         self.probing = False
@@ -420,6 +438,13 @@ class SpeculationPolicy:
     def alpha(self) -> float:
         """This request's acceptance, with the server-wide one as a prior."""
         return self.acceptance.value(prior=self.cost.acceptance[self.greedy].value())
+
+    def sized_alpha(self) -> float:
+        """This request's acceptance of the blocks a draft that sizes only some of its blocks sized by their evidence
+        (the hybrid's suffix side), with the server-wide one of such blocks as a prior. Judged by the model's
+        acceptance instead, a weak suffix side had its blocks verified as far as the model's would be, much further
+        than the suffix draft alone has its own verified."""
+        return self.sized_acceptance.value(prior=self.cost.sized_acceptance[self.greedy].value())
 
     def alpha_upper(self) -> float:
         """alpha() plus EXPLORE_Z standard errors of this request's evidence."""
@@ -569,7 +594,10 @@ class SpeculationPolicy:
             # a draft that sizes only some blocks (hybrid): the round times hold the other side's waits (a model's), not
             # this block's, which came at once; what verifying it costs is the forward alone
             times, sunk = self.cost.forward_times(len(times) - 1) or times, 0.0
-        alpha = min(self.alpha() if self.cut_alpha is None else self.cut_alpha, 0.999)
+        if sized and not self.draft_sizes_blocks:
+            alpha = min(self.sized_alpha(), 0.999)
+        else:
+            alpha = min(self.alpha() if self.cut_alpha is None else self.cut_alpha, 0.999)
         best, _ = self._best_prefix(num_tokens, num_chained, num_forced, times[:1] + [t - sunk for t in times[1:]],
                                     alpha)
         alike = self.cost.by_length[self.greedy].get(min(matched, LENGTH_BUCKETS))
@@ -630,9 +658,10 @@ class SpeculationPolicy:
         # may), worth what chained tokens have been accepted at; priced on its match alone, a 1-token match looked
         # worse than a model block where it brought more tokens per second
         chains = self.cost.chained[self.greedy].judged > 0
+        sized_alpha = min(self.sized_alpha(), 0.999)
         for length in range(1, self.max_k + 1):
             chained = self.max_k - length if chains else 0
-            if self._best_prefix(length + chained, chained, 0, sized_times, alpha)[1] >= model_rate:
+            if self._best_prefix(length + chained, chained, 0, sized_times, sized_alpha)[1] >= model_rate:
                 return length
         return self.max_k + 1
 
@@ -651,9 +680,14 @@ class SpeculationPolicy:
             if asked_k:
                 self.probing = False
             return
-        if apart:  # not evidence on the blocks k sizes: neither this request's acceptance nor a retry's outcome
-            return
         matched, accepted = matched_part(num_draft_tokens, num_accepted, num_chained, num_forced)
+        if apart:  # not evidence on the blocks k sizes: neither this request's acceptance nor a retry's outcome
+            if matched:
+                self.sized_acceptance.add(matched, accepted)
+            # a retry the other side answered is over, unjudged: the next round weighs the model's blocks again.
+            # Kept on, every round was that retry, each suffix block cut to the retry's k
+            self.probing = False
+            return
         if matched:
             self.acceptance.add(matched, accepted)
         if self.probing:

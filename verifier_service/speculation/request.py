@@ -135,7 +135,7 @@ class RequestSpeculation:
         self.asked_k = 0  # the k the draft was last asked for (0: not asked)
         self.block = DraftBlock.empty()  # the last block proposed, as cut for verification
         self.opening = False  # the last ask opened the draft stream (the draft read the prompt before drafting)
-        self.asked_model = False  # a block was asked of the draft as k sized it (not only sized-only asks)
+        self.asked_model = False  # the draft's model was asked and answered (or is reading): not an opening any more
         self.sized_only = False  # this round asks only for a block the draft sizes at no forward's cost
         self.min_sized = 0  # the shortest match at which such a block answers this round (NextBlock.min_sized)
 
@@ -189,7 +189,11 @@ class RequestSpeculation:
             return self._verified(block, "", k)
         if self.draft.reading_prompt:  # the draft's first answer is still to come: a plain step, asking nothing
             return self.block, "reading_prompt"
-        if self.policy.step_while_drafting(k) and not self.draft.ahead_ready(tokens):
+        # the hybrid's first ask of its model, after sized-only asks or suffix blocks, has the model read the prompt:
+        # asked as an opening (its longer wait, then plain steps until it answers), never as a prefetch, whose answer
+        # is waited for as an ordinary block's: timed out, it ended the stream, and the next ask read the prompt again
+        first_model_ask = self.draft.link.sizes_some_blocks and not self.asked_model
+        if self.policy.step_while_drafting(k) and not self.draft.ahead_ready(tokens) and not first_model_ask:
             if self.draft.link.sizes_some_blocks:  # a block the draft sizes at no forward's cost beats a plain step
                 block, reason = await self._sized_block(tokens, k, 1)
                 if block.token_ids or reason:
@@ -197,11 +201,12 @@ class RequestSpeculation:
                     return block, reason
             return self.block, await self.draft.prefetch(tokens, k, self.min_sized) or "stepped"
         self.asked_k = k
-        # the first ask of the model reads the prompt, also where sized-only asks opened the stream before it
+        # the model's first ask reads the prompt, also where sized-only asks, or asks its suffix side answered (the
+        # hybrid's model reads when it first drafts), opened the stream before it
         self.opening = self.draft.stream is None or not self.asked_model
-        self.asked_model = True
         block, reason = await self.draft.propose(tokens, k, self.draft_wait_s(k, self.opening),
                                                  min_sized=self.min_sized)
+        self.asked_model = self.asked_model or not block.sized_by_draft
         self.block_came_ahead = block.ahead
         return self._verified(block, reason, k)
 
@@ -282,6 +287,8 @@ class RequestSpeculation:
             metrics.DRAFT_WAIT_TIME.observe(round_.draft_wait_s)
         event: dict[str, typing.Any] = {"k": round_.num_draft_tokens, "accepted": round_.num_accepted,
                                         "round_ms": round(round_.seconds * 1000, 3)}
+        if asked_k:
+            event["asked_k"] = asked_k  # the block the draft was asked for (k verifies what came, cut to what pays)
         if round_.target_token is not None:
             event["target_token"] = round_.target_token
         if round_.forward_s is not None:
@@ -292,6 +299,8 @@ class RequestSpeculation:
             event["ahead"] = self.block_came_ahead  # drafted ahead (no round trip) or on request
             if self.block_prefetched:
                 event["prefetched"] = True  # asked during the plain step before: no wait either
+            if self.block.sized_by_draft:
+                event["sized"] = len(self.block.token_ids)  # sized by the draft's evidence (the hybrid's suffix side), as drafted
             if chained:
                 event["chained"] = chained  # the block's tokens chained past the draft's match
             if forced:

@@ -531,6 +531,8 @@ def hybrid_policy(model_round_s: dict[int, float], suffix_alpha_by_length: dict[
             cost.observe_forward(n, 0.09 + 0.002 * n)
     cost.acceptance[True] = seen(0.8)
     cost.by_length[True] = {length: seen(alpha, 50) for length, alpha in suffix_alpha_by_length.items()}
+    if suffix_alpha_by_length:  # the suffix side's blocks of every length, as their prior
+        cost.sized_acceptance[True] = seen(sum(suffix_alpha_by_length.values()) / len(suffix_alpha_by_length), 400)
     return SpeculationPolicy(default_k=4, max_k=8, requested_k=requested_k, cost=cost, priced_threshold=priced)
 
 
@@ -580,6 +582,39 @@ def test_a_model_block_is_priced_with_the_drafts_time_even_when_its_round_did_no
     assert thresholds == [3, 2, 1]
 
 
+def test_the_hybrids_suffix_blocks_are_cut_on_their_own_acceptance_not_the_models():
+    """The hybrid's model blocks are accepted at 0.8. Its suffix side's blocks, judged apart, are cut on the
+    acceptance of such blocks: where they are seldom right (0.2), a 12-token sized block is verified a token or
+    two deep; where they are mostly right (0.9), further. Judged by the model's 0.8, the weak side's blocks were
+    verified as deep as the strong side's. A sized block's evidence goes to that acceptance, not to the model's."""
+    cut = {}
+    for name, alpha in (("weak", 0.2), ("strong", 0.9)):
+        policy = hybrid_policy({0: 0.1, 1: 0.11, 2: 0.12, 4: 0.14, 8: 0.18}, {})
+        policy.cost.sized_acceptance[True] = seen(alpha)
+        policy.block_size(1000, 1000)
+        cut[name] = policy.cut_block(12, 0, sized=True)
+    assert cut["weak"] <= 2 < 8 <= cut["strong"]
+    policy.observe(cut["strong"], 3, 0.15, sized=True)
+    assert policy.sized_acceptance.judged == 4.0 and policy.acceptance.judged == 0.0
+
+
+def test_a_retry_the_hybrids_suffix_side_answered_is_over():
+    """A retry of the model's blocks (k = 1 after a cool-down) that the suffix side answered says nothing of the
+    model: it is over, and the next round weighs the model again (here: still not paying, so a new cool-down,
+    whose rounds cut suffix blocks on the forward's times). Kept on, every round was a retry of k = 1, and every
+    suffix block was cut to 1 token."""
+    policy = hybrid_policy({0: 0.1, 1: 0.5, 2: 0.9, 4: 1.7, 8: 3.3}, {})
+    assert policy.block_size(1000, 1000) == 0 and policy.off_reason == "not_paying"
+    cooldown = policy.cooldown
+    for _ in range(cooldown):
+        policy.block_size(1000, 1000)
+    assert policy.probing and policy.block_size(1000, 1000) == 1
+    policy.cut_block(6, 0, sized=True)
+    policy.observe(1, 1, 0.1, asked_k=1, sized=True)
+    assert not policy.probing and policy.acceptance.judged == 0.0
+    assert policy.block_size(1000, 1000) == 0 and policy.off_reason == "not_paying" and policy.cooldown > 0
+
+
 def test_only_blocks_the_draft_sized_file_evidence_by_their_length():
     """A hybrid's model block of 4 says nothing of how often a 4-token suffix match is right: it is not filed under
     `by_length`, which prices the suffix side; the suffix side's sized block is."""
@@ -609,3 +644,20 @@ def test_a_suffix_match_is_priced_with_the_chained_tokens_that_follow_it():
             policy.cost.chained[True] = seen(chained, 200)
         thresholds[name] = policy.min_sized(policy.block_size(1000, 1000))
     assert thresholds == {"unseen": 2, "right half the time": 1, "never right": 2}
+
+
+def test_one_slow_forward_at_a_size_seldom_timed_does_not_price_every_longer_block():
+    """Forwards over 0..8 draft tokens timed often at 0.20 + 0.01 s a token; one over 2 tokens timed once, at 0.42 s
+    (it ran beside the draft's prompt read). The curve stays non-decreasing, but that one forward is pooled with
+    its neighbours by their samples, not made the floor of every longer block: verifying 8 tokens still costs more
+    than verifying 3. With a running maximum, blocks of 2 to 8 all cost 0.42 s, and the policy verified the
+    longest since its extra tokens looked free."""
+    cost = RoundCost()
+    for _ in range(10):
+        for n in (0, 1, 3, 4, 5, 6, 7, 8):
+            cost.observe_forward(n, 0.2 + 0.01 * n)
+    cost.observe_forward(2, 0.42)
+    times = cost.forward_times(8)
+    assert times == sorted(times)
+    assert times[8] - times[3] > 0.03  # (0.05 measured; the slow one pooled into sizes 2-4)
+    assert times[2] < 0.25 and times[0] == pytest.approx(0.2)

@@ -1,6 +1,7 @@
 """RequestSpeculation's one place a round is recorded: what the policy learns from a round without a block."""
 
 import asyncio
+import contextlib
 
 import pytest
 
@@ -10,6 +11,26 @@ from specdec.v1 import common_pb2
 from verifier_service.draft.client import DraftLink
 from verifier_service.speculation.request import RequestSpeculation, Round
 from verifier_service.speculation.policy import RoundCost, SpeculationPolicy
+
+
+@contextlib.asynccontextmanager
+async def hybrid_link(model, longest: int = 16):
+    """An in-process hybrid draft (suffix side, then the tiny model; --hybrid-min-suffix 4) and a checked DraftLink
+    to it."""
+    from draft_service.hybrid import HybridProposer
+    from draft_service.model_draft import ModelProposer
+    from draft_service.suffix import SuffixProposer
+    from tests.draft_service.inprocess import draft_server
+    from tests.draft_service.test_hybrid import served_info
+
+    hybrid = HybridProposer(SuffixProposer(), ModelProposer(model), 4, longest=longest)
+    async with draft_server(proposer=hybrid, info=served_info(model), max_speculative_tokens=longest) as (address, _):
+        link = DraftLink(address, ServerConfig(), served_info(model, max_context=512), timeout_s=5.0)
+        await link.check_compatible()
+        try:
+            yield link
+        finally:
+            await link.close()
 
 
 def test_a_draft_that_gives_nothing_is_charged_to_drafting_not_to_plain_steps():
@@ -207,10 +228,12 @@ def test_a_hybrids_suffix_block_is_priced_on_the_forward_not_on_the_model_sides_
             cost.observe_forward(n, 0.2 + 0.01 * n)
     assert cost.forward_times(10)[10] == pytest.approx(0.3)
     policy = SpeculationPolicy(4, 16, cost=cost)
-    for _ in range(10):
+    for _ in range(10):  # both sides' blocks have been accepted whole
         policy.acceptance.add(8, 8)
+        policy.sized_acceptance.add(8, 8)
     for _ in range(10):
         cost.acceptance[True].add(8, 8)
+        cost.sized_acceptance[True].add(8, 8)
     speculation = RequestSpeculation(policy, None)
     assert policy.block_size(100, 100) >= 1 and policy.cut_times is not None
     block, _ = speculation._verified(DraftBlock(list(range(10)), sized_by_draft=True), "", 1)
@@ -273,21 +296,14 @@ def test_where_the_hybrids_model_blocks_do_not_pay_its_suffix_side_is_still_aske
     those alone (NextBlock.sized_only). On a repeated span its suffix side answers, the block is verified as a sized
     one and priced apart (neither the round times nor the acceptance that decide k move); where it has nothing the
     round is a plain step. A draft that sizes no blocks so is not asked."""
-    from draft_service.hybrid import HybridProposer
-    from draft_service.model_draft import ModelProposer
-    from draft_service.suffix import SuffixProposer
     from specdec.modeling.models import load_causal_lm
-    from tests.draft_service.inprocess import draft_server
-    from tests.draft_service.test_hybrid import REPEATED, SPAN, UNSEEN, served_info
+    from tests.draft_service.test_hybrid import REPEATED, SPAN, UNSEEN
     from tests.verifier_service.speculation.test_policy import cost_of
 
     model = load_causal_lm(str(tiny_pair[1]))
 
     async def scenario():
-        hybrid = HybridProposer(SuffixProposer(), ModelProposer(model), 4, longest=16)
-        async with draft_server(proposer=hybrid, info=served_info(model), max_speculative_tokens=16) as (address, _):
-            link = DraftLink(address, ServerConfig(), served_info(model, max_context=512), timeout_s=5.0)
-            await link.check_compatible()
+        async with hybrid_link(model) as link:
             cost = cost_of(0.1, 0.1, acceptance=0.3)  # a block of 4 costs 0.5 s against 0.1 s plain steps
             for _ in range(3):
                 for n in (0, 4, 16):
@@ -327,7 +343,6 @@ def test_where_the_hybrids_model_blocks_do_not_pay_its_suffix_side_is_still_aske
             link.sizes_some_blocks = False
             other = RequestSpeculation(SpeculationPolicy(4, 16, cost=cost), link.session("s", SamplingParams()))
             assert other.block_size(100, 1000) == 0 and not other.sized_only
-            await link.close()
 
     asyncio.run(asyncio.wait_for(scenario(), 60))
 
@@ -337,12 +352,8 @@ def test_the_verifier_tells_the_hybrid_at_which_match_its_suffix_side_answers(ti
     1-token match above them (NextBlock.min_sized = 1), and the draft's suffix side answers a 2-token match, which
     its own rule (--hybrid-min-suffix 4) would have given to the model. A fixed k, or the default --hybrid-threshold
     draft, sends no threshold: the model drafts."""
-    from draft_service.hybrid import HybridProposer
-    from draft_service.model_draft import ModelProposer
-    from draft_service.suffix import SuffixProposer
     from specdec.modeling.models import load_causal_lm
-    from tests.draft_service.inprocess import draft_server
-    from tests.draft_service.test_hybrid import UNIQUE, served_info
+    from tests.draft_service.test_hybrid import UNIQUE
     from tests.verifier_service.speculation.test_policy import hybrid_policy
 
     model = load_causal_lm(str(tiny_pair[1]))
@@ -351,10 +362,7 @@ def test_the_verifier_tells_the_hybrid_at_which_match_its_suffix_side_answers(ti
     dear = {0: 0.1, 1: 0.16, 2: 0.2, 4: 0.28, 8: 0.45}
 
     async def scenario():
-        hybrid = HybridProposer(SuffixProposer(), ModelProposer(model), 4, longest=8)
-        async with draft_server(proposer=hybrid, info=served_info(model), max_speculative_tokens=8) as (address, _):
-            link = DraftLink(address, ServerConfig(), served_info(model, max_context=512), timeout_s=5.0)
-            await link.check_compatible()
+        async with hybrid_link(model, longest=8) as link:
             assert link.sizes_some_blocks
             sources = {}
             for name, requested_k, priced in (("priced", None, True), ("fixed", 4, True), ("draft", None, False)):
@@ -366,6 +374,34 @@ def test_the_verifier_tells_the_hybrid_at_which_match_its_suffix_side_answers(ti
                 sources[name] = (speculation.min_sized, block.sized_by_draft)
                 speculation.close(None)
             assert sources == {"priced": (1, True), "fixed": (0, False), "draft": (0, False)}
-            await link.close()
+
+    asyncio.run(asyncio.wait_for(scenario(), 60))
+
+
+def test_the_hybrids_first_model_ask_is_an_opening_not_a_prefetch(tiny_pair):
+    """Sized-only asks opened the hybrid's stream; its model has read nothing. Where the policy would step while
+    the draft drafts, the model's first ask is still asked and waited for as an opening (it reads the prompt, which
+    an ordinary block's wait timed out on, ending the stream, so that the next ask read the prompt again); the
+    model's later asks step while it drafts."""
+    from specdec.modeling.models import load_causal_lm
+    from tests.draft_service.test_hybrid import REPEATED, UNSEEN
+    from tests.verifier_service.speculation.test_policy import cost_of
+
+    model = load_causal_lm(str(tiny_pair[1]))
+
+    async def scenario():
+        async with hybrid_link(model) as link:
+            policy = SpeculationPolicy(4, 16, cost=cost_of(0.1, 0.01, acceptance=0.8), far_draft="step")
+            speculation = RequestSpeculation(policy, link.session("r", SamplingParams()))
+            tokens = REPEATED + [UNSEEN]  # the suffix side has nothing after an unseen token: the model drafts
+            block, reason = await speculation._sized_block(tokens, 4, 1)  # a sized-only ask opens the stream
+            assert speculation.draft.stream is not None and not block.token_ids
+            block, reason = await speculation.propose(tokens, 4)
+            assert reason == "" and speculation.asked_k == 4 and speculation.opening and len(block.token_ids) == 4
+            speculation.record(Round(4, 0, 0.2, draft_wait_s=0.05, forward_s=0.1))
+            tokens = tokens + [UNSEEN + 1]  # the target's token, not the model's: unseen again
+            block, reason = await speculation.propose(tokens, 4)
+            assert reason == "stepped" and speculation.draft.prefetched is not None
+            speculation.close(None)
 
     asyncio.run(asyncio.wait_for(scenario(), 60))
