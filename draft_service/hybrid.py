@@ -33,9 +33,9 @@ in that direction, composed of the two proposers as they are:
   Rounds the suffix answers cost no model forward at all; the first model round after a run of them pays one
   prefill-like forward over the tokens of that run, far cheaper than one forward per token. The prompt is read
   the same way, when the model first drafts: a request whose suffix side answers every round never pays the
-  model's prompt read (on an extraction workload, a tenth of a request). The verifier treats its asks as a
-  stream's opening until the model has answered one (its longer wait, then plain steps until the answer comes),
-  so the round that has the model read the prompt does not time out.
+  model's prompt read. The verifier treats its asks as a stream's opening until the model has answered one (its
+  longer wait, then plain steps until the answer comes), so the round that has the model read the prompt does not
+  time out.
 
 The verifier chooses k (`sizes_blocks` is False): the model side's cost grows with k, and the verifier's adaptive k
 weighs it (the draft's measured pace). The two sides are priced apart: a suffix block's time and acceptance are not
