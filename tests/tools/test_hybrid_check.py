@@ -1,0 +1,22 @@
+"""tools.hybrid_check's summaries (the tool itself runs the real pair by hand)."""
+
+from tools.hybrid_check import warm_summary
+
+
+def row(workload: str, prompt: str, method: str, tokens: int, seconds: float) -> dict:
+    return {"workload": workload, "prompt": prompt, "method": method, "tokens": [0] * tokens, "seconds": seconds,
+            "identical": True}
+
+
+def test_the_warm_summary_leaves_out_the_first_request_the_stacks_served():
+    """The stacks' first request (prompt a) ran the hybrid at half the model's speed; the later ones at the same
+    speed. The warm summary has the later ones only, per workload; a workload without the first prompt is whole."""
+    runs = []
+    for prompt, hybrid_s in (("a", 4.0), ("b", 2.0)):
+        runs += [row("code", prompt, "off", 10, 4.0), row("code", prompt, "model", 10, 2.0),
+                 row("code", prompt, "suffix", 10, 3.0), row("code", prompt, "hybrid", 10, hybrid_s)]
+    runs += [row("sql", "c", "off", 10, 4.0), row("sql", "c", "model", 10, 2.0), row("sql", "c", "suffix", 10, 4.0),
+             row("sql", "c", "hybrid", 10, 2.5)]
+    warm = warm_summary(runs, ("model", "suffix", "hybrid"), "a")
+    assert warm["code"]["hybrid"]["vs_better"] == 1.0 and warm["code"]["hybrid"]["vs_off"] == 2.0
+    assert warm["sql"]["hybrid"]["vs_better"] == 0.8
