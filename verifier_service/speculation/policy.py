@@ -590,14 +590,13 @@ class SpeculationPolicy:
         if times is None or not num_tokens:
             return matched if num_chained else num_tokens
         sunk = self.cost.wait.value or 0.0  # the draft's answer is here: its wait is no longer a cost of verifying
+        alpha = min(self.alpha() if self.cut_alpha is None else self.cut_alpha, 0.999)
         if sized and not self.draft_sizes_blocks:
             # a draft that sizes only some blocks (hybrid): the round times hold the other side's waits (a model's), not
-            # this block's, which came at once; what verifying it costs is the forward alone
+            # this block's, which came at once; what verifying it costs is the forward alone. Its acceptance is that
+            # of such blocks, not the model's
             times, sunk = self.cost.forward_times(len(times) - 1) or times, 0.0
-        if sized and not self.draft_sizes_blocks:
             alpha = min(self.sized_alpha(), 0.999)
-        else:
-            alpha = min(self.alpha() if self.cut_alpha is None else self.cut_alpha, 0.999)
         best, _ = self._best_prefix(num_tokens, num_chained, num_forced, times[:1] + [t - sunk for t in times[1:]],
                                     alpha)
         alike = self.cost.by_length[self.greedy].get(min(matched, LENGTH_BUCKETS))
