@@ -35,7 +35,8 @@ in that direction, composed of the two proposers as they are:
   the same way, when the model first drafts: a request whose suffix side answers every round never pays the
   model's prompt read. The verifier treats its asks as a stream's opening until the model has answered one (its
   longer wait, then plain steps until the answer comes), so the round that has the model read the prompt does not
-  time out.
+  time out; and it asks the model for the first time only where its blocks would save more than that read over
+  the rest of the request (`SpeculationPolicy.model_read_pays`), else the suffix side alone.
 
 The verifier chooses k (`sizes_blocks` is False): the model side's cost grows with k, and the verifier's adaptive k
 weighs it (the draft's measured pace). The two sides are priced apart: a suffix block's time and acceptance are not

@@ -9,7 +9,9 @@ time then fails every round, and the draft is never used. So the wait follows th
 - the first round of a stream also waits while the draft reads the prompt: its extra time is learnt
   apart (`opening`), so that one long prompt does not make every later round wait longer (or every
   later block look dear: the policy prices block sizes not yet timed by this pace). Before any block
-  was timed, a first round's whole time is the opening's;
+  was timed, a first round's whole time is the opening's. Per token read as well (`read_s`), so that
+  the verifier can tell what reading a given sequence will cost a draft that has not read it yet (the
+  hybrid's model: `SpeculationPolicy.model_read_pays`);
 - a round that timed out is evidence too: the draft takes longer than that round waited, so the
   estimate grows to GROW times the wait (and the next round waits SLACK times that);
 - the round's wait is SLACK times the prediction, at least --draft-timeout-ms (the floor) and at most
@@ -33,6 +35,7 @@ class DraftPace:
     def __init__(self):
         self.seconds: dict[int, Ewma] = {}  # by block size asked
         self.opening = Ewma()  # a stream's first round: the answer time above predicted(k) (reading the prompt)
+        self.read = Ewma()  # the same, per token the draft read in it
 
     def predicted(self, k: int, opening: bool = False) -> float | None:
         """The predicted answer time of a block of k (on a new stream: `opening`); None before any answer was timed."""
@@ -50,8 +53,15 @@ class DraftPace:
             t = known[above]
         return t + (self.opening.value or 0.0 if opening else 0.0)
 
-    def observe(self, k: int, wait_s: float, opening: bool = False) -> None:
-        """A round asked for k tokens and its answer came after wait_s."""
+    def read_s(self, tokens: int) -> float | None:
+        """The predicted time a stream's first round takes, over its block's, to read `tokens` tokens; None before a
+        first round was timed where its block's time was known (a server's first opening holds both, and charged
+        to the read per token, a 30-token prompt's block made the read of a 600-token one look like 10 s)."""
+        return self.read.value * tokens if self.read.value is not None and tokens > 0 else None
+
+    def observe(self, k: int, wait_s: float, opening: bool = False, read_tokens: int = 0) -> None:
+        """A round asked for k tokens and its answer came after wait_s (opening: a stream's first round, in which
+        the draft read `read_tokens` tokens, 0: not known)."""
         if k <= 0 or wait_s <= 0:
             return
         if opening:
@@ -61,11 +71,13 @@ class DraftPace:
                 return
             if wait_s >= before:
                 self.opening.add(wait_s - before)
+                if read_tokens > 0:
+                    self.read.add((wait_s - before) / read_tokens)
                 return
             # faster than predicted even while reading the prompt: the block alone takes no longer than this
         self.seconds.setdefault(k, Ewma()).add(wait_s)
 
-    def timed_out(self, k: int, waited_s: float, opening: bool = False) -> None:
+    def timed_out(self, k: int, waited_s: float, opening: bool = False, read_tokens: int = 0) -> None:
         """A round asked for k tokens and had no answer after waited_s: the draft takes longer than that."""
         if k <= 0 or waited_s <= 0:
             return
@@ -73,6 +85,8 @@ class DraftPace:
         before = self.predicted(k)
         if opening:  # the draft was reading the prompt: that is slow, not (as far as is known) its blocks
             self.opening.value = max(self.opening.value or 0.0, floor - (before or 0.0))
+            if read_tokens > 0 and before is not None:
+                self.read.value = max(self.read.value or 0.0, (floor - before) / read_tokens)
             return
         estimate = self.seconds.setdefault(k, Ewma())
         estimate.value = max(estimate.value or 0.0, floor)

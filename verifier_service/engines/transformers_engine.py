@@ -92,7 +92,8 @@ class TransformersEngine:
         try:
             while True:
                 generated = len(state.tokens) - len(spec.prompt_ids)
-                k = speculation.block_size(spec.max_tokens - generated, self.max_context - len(state.tokens))
+                k = speculation.block_size(spec.max_tokens - generated, self.max_context - len(state.tokens),
+                                           context_length=len(state.tokens))
                 started = time.perf_counter()
                 block, fallback = await speculation.propose(state.tokens, k)
                 draft_wait_s = time.perf_counter() - started

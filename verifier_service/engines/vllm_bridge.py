@@ -99,7 +99,7 @@ class StepDrafter:
             generated = length - len(sequence.spec.prompt_ids)
             batch = self.step_cost.batch(verified - rows.verified[row], emitted - count)
             k = min(max_k, sequence.speculation.block_size(sequence.spec.max_tokens - generated,
-                                                           self.max_context - length, batch))
+                                                           self.max_context - length, batch, length))
             sequence.draft_wait_s = None
             sequence.fallback = "" if k else sequence.speculation.policy.off_reason
             if k:

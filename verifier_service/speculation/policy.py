@@ -99,6 +99,7 @@ EXPLORE_Z = 0.5  # standard errors added to the acceptance before speculation is
 LENGTH_BUCKETS = 8
 FAR_DRAFT_WAIT = 0.05  # a draft whose answer takes less than this share of a plain step is near: always wait for it
 FORCED_PRIOR = 1.0  # acceptance assumed of a token the grammar forced: the target has no other choice of text
+PLAIN_PRIOR_TOKENS = 8.0  # weight of the server-wide plain share of a hybrid's free rounds in a request's, in tokens
 
 
 def with_draft_pace(cost: RoundCost, times: list[float] | None, pace: typing.Any) -> list[float] | None:
@@ -196,6 +197,25 @@ def matched_part(num_draft_tokens: int, num_accepted: int, num_chained: int, num
 
 
 @dataclasses.dataclass
+class PlainShare:
+    """Of the tokens a hybrid draft's rounds emitted before its model was asked, the share that plain steps emitted
+    (its free side had no block worth verifying there): the tokens its model would draft
+    (`SpeculationPolicy.model_read_pays`). Sums fading by `decay` per round."""
+
+    decay: float = 1.0
+    plain: float = 0.0
+    tokens: float = 0.0
+
+    def add(self, tokens: int, plain: bool) -> None:
+        self.plain = self.decay * self.plain + (tokens if plain else 0)
+        self.tokens = self.decay * self.tokens + tokens
+
+    def value(self, prior: float, weight: float) -> float:
+        """The share, with `prior` worth `weight` tokens."""
+        return (self.plain + prior * weight) / (self.tokens + weight)
+
+
+@dataclasses.dataclass
 class Acceptance:
     """Accepted over judged draft tokens, both fading by `decay` per drafted round, with a prior."""
 
@@ -237,6 +257,7 @@ class RoundCost:
         self.plain_since_drafted = 0  # plain rounds server-wide since the last drafted one
         self.wait = Ewma()  # what a round that asked the draft waited for its answer (round trip + drafting)
         self.forward: dict[int, Ewma] = {}  # the target's forward pass alone, by verified draft tokens
+        self.plain_share = PlainShare(SERVER_DECAY)  # of a hybrid's tokens before its model was asked, server-wide
 
     def observe_forward(self, num_draft_tokens: int, forward_s: float) -> None:
         if forward_s > 0:
@@ -434,6 +455,7 @@ class SpeculationPolicy:
         self.cut_times: list[float] | None = None  # round times to cut blocks on (None: verify what the draft matched)
         self.cut_alpha: float | None = None  # the acceptance the round's k was chosen on (None: alpha())
         self.cut_from = 0  # the matched length of the block last cut, as drafted: its round's evidence files under it
+        self.plain_share = PlainShare()  # of this request's tokens before its hybrid draft's model was asked
 
     def alpha(self) -> float:
         """This request's acceptance, with the server-wide one as a prior."""
@@ -512,13 +534,17 @@ class SpeculationPolicy:
         # A round emits k + 1 tokens at most: keep it within max_tokens and the context.
         return max(0, min(k, remaining_tokens - 1, remaining_context - 1))
 
-    def sized_only_k(self, remaining_tokens: int, remaining_context: int) -> int:
+    def sized_only_k(self, remaining_tokens: int, remaining_context: int, model_unread: bool = False) -> int:
         """In a round block_size left plain because blocks do not pay ("not_paying"), the k of an ask for a block
         only if the draft sizes it by its evidence at no forward's cost (NextBlock.sized_only: the hybrid draft's
         suffix side, where its model's blocks do not pay), cut like any such block on the forward's times
         (`cut_block`); 0: no such ask (a fixed k, under load, no round timed yet). Such a block costs a forward
-        over more tokens and no draft time, so it is judged apart from the blocks k sizes (`observe`'s sized)."""
-        if self.fixed or self.off_reason != "not_paying":
+        over more tokens and no draft time, so it is judged apart from the blocks k sizes (`observe`'s sized).
+        model_unread: in a round whose k the policy chose, the draft's model is not to be asked, since reading the
+        sequence would cost it more than its blocks would save (`model_read_pays`; off reason "read_not_paying")."""
+        if model_unread and not self.fixed:
+            self.off_reason = "read_not_paying"
+        if self.fixed or self.off_reason not in ("not_paying", "read_not_paying"):
             return 0
         times = self.cost.times(self.max_k)
         if times is None:
@@ -648,10 +674,9 @@ class SpeculationPolicy:
         forward = self.cost.forward_times(self.max_k)
         if times is None or forward is None or not 0 < k < len(times):
             return 0
-        alpha = min(self.alpha() if self.cut_alpha is None else self.cut_alpha, 0.999)
+        tokens, model_s = self._model_round(k, times, forward, pace)
+        model_rate = tokens / model_s
         overhead = max(times[0] - forward[0], 0.0)  # a round's sampling, bookkeeping and transport
-        model_rate = self._model_block_rate(k, alpha, times, forward[k] + overhead,
-                                            pace.predicted(k) if pace is not None else None)
         sized_times = [t + overhead for t in forward]
         # such a block goes on past its match with chained tokens (the suffix side drafts up to the longest block it
         # may), worth what chained tokens have been accepted at; priced on its match alone, a 1-token match looked
@@ -663,6 +688,46 @@ class SpeculationPolicy:
             if self._best_prefix(length + chained, chained, 0, sized_times, sized_alpha)[1] >= model_rate:
                 return length
         return self.max_k + 1
+
+    def _model_round(self, k: int, times: list[float], forward: list[float] | None,
+                     pace: typing.Any) -> tuple[float, float]:
+        """A model block of k, as the round's k was chosen (`cut_alpha`, else alpha()): (its expected tokens, the
+        seconds a round of it costs), the draft's measured answer time included (`_model_block_rate`; times: the
+        round times k was chosen on, forward: the target's forward times, None before any was timed)."""
+        alpha = min(self.alpha() if self.cut_alpha is None else self.cut_alpha, 0.999)
+        tokens = expected_tokens(alpha, k)
+        if forward is None:
+            return tokens, times[k]
+        overhead = max(times[0] - forward[0], 0.0)  # a round's sampling, bookkeeping and transport
+        rate = self._model_block_rate(k, alpha, times, forward[k] + overhead,
+                                      pace.predicted(k) if pace is not None else None)
+        return tokens, tokens / rate
+
+    def observe_free_round(self, tokens: int, plain: bool) -> None:
+        """A round of a hybrid draft whose model has not drafted yet: the tokens it emitted, and whether it was a
+        plain step (the free side had no block worth verifying). What `model_read_pays` weighs."""
+        self.plain_share.add(tokens, plain)
+        self.cost.plain_share.add(tokens, plain)
+
+    def model_read_pays(self, k: int, remaining_tokens: int, read_s: float | None, pace: typing.Any = None) -> bool:
+        """For a hybrid draft whose model has not drafted yet in this request (its free side, suffix decoding, has
+        answered so far): whether asking it pays for the read it costs once, of the sequence so far (`read_s`, the
+        draft's measured read time for it: `DraftPace.read_s`; None: not known, so asked, and learnt). Its blocks
+        would answer where the free side has none: the tokens plain steps emitted, a share of those the free rounds
+        emitted so far (this request's, with the server's as a prior worth PLAIN_PRIOR_TOKENS tokens; without any,
+        all of them). Each such token costs a plain round's time, and with the model a block's round over its
+        expected tokens, as the policy priced the block of k it chose (its round times and acceptance: where it
+        explores, the model is asked as it would be without the read to pay); the model is asked where that saving,
+        over that share of the remaining tokens, exceeds the read. On extraction a 0.5B drafter's read of a long
+        prompt took longer than its few blocks saved in a short answer, where suffix decoding answered most rounds.
+        True where the policy did not choose k (a fixed k, a retry) or nothing is timed."""
+        if read_s is None or self.fixed or k <= 0 or self.cut_times is None or k >= len(self.cut_times):
+            return True
+        times = self.cut_times
+        alpha = min(self.alpha() if self.cut_alpha is None else self.cut_alpha, 0.999)
+        server = self.cost.plain_share
+        share = self.plain_share.value(server.value(1.0, 0.0) if server.tokens > 0 else 1.0, PLAIN_PRIOR_TOKENS)
+        return remaining_tokens * share * (times[0] - times[k] / expected_tokens(alpha, k)) > read_s
 
     def observe(self, num_draft_tokens: int, num_accepted: int, round_s: float, asked_k: int = 0,
                 num_chained: int = 0, num_forced: int = 0, sized: bool = False) -> None:

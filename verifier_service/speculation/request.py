@@ -31,6 +31,11 @@ A draft that sizes some of its blocks at no forward's cost (the hybrid's suffix 
 rounds the policy would decode plainly because its model's blocks do not pay (`SpeculationPolicy.sized_only_k`,
 NextBlock.sized_only); such blocks are priced apart from the blocks k sizes (`SpeculationPolicy.observe`'s sized).
 
+The hybrid's model reads the sequence when it first drafts, a cost its request pays once: until it has, a round
+whose k the policy chose asks the suffix side alone unless the model's blocks, over the rest of the request, would
+save more than that read (`SpeculationPolicy.model_read_pays`, with the draft's measured read time per token,
+`DraftPace.read_s`; off reason "read_not_paying").
+
 A draft that reads a long prompt for longer than a round waits (a model draft's prefill) is not abandoned: the
 stream stays open, each round decodes a plain step meanwhile ("reading_prompt"), and the first answer is taken
 as a prefetched block's when it comes (`DraftSession.at_hand`).
@@ -135,12 +140,15 @@ class RequestSpeculation:
         self.asked_k = 0  # the k the draft was last asked for (0: not asked)
         self.block = DraftBlock.empty()  # the last block proposed, as cut for verification
         self.opening = False  # the last ask opened the draft stream (the draft read the prompt before drafting)
+        self.read_tokens = 0  # the tokens the draft read in it (the sequence so far)
         self.asked_model = False  # the draft's model was asked and answered (or is reading): not an opening any more
         self.sized_only = False  # this round asks only for a block the draft sizes at no forward's cost
         self.min_sized = 0  # the shortest match at which such a block answers this round (NextBlock.min_sized)
 
-    def block_size(self, remaining_tokens: int, remaining_context: int, batch: Batch | None = None) -> int:
-        """k for the next round (0: a plain step); `batch`: the rest of the engine step the block would join."""
+    def block_size(self, remaining_tokens: int, remaining_context: int, batch: Batch | None = None,
+                   context_length: int = 0) -> int:
+        """k for the next round (0: a plain step); `batch`: the rest of the engine step the block would join;
+        context_length: the sequence's tokens so far (what a draft that has not read them would read)."""
         self.sized_only, self.min_sized = False, 0
         if self.draft is None:
             return 0
@@ -149,7 +157,13 @@ class RequestSpeculation:
         link = self.draft.link
         if not link.sizes_some_blocks:
             return k
-        if k:  # which of the draft's blocks is worth more, by the prices of both (the hybrid: suffix or model)
+        if k and not self.asked_model and not self.draft.reading_prompt and not self.policy.model_read_pays(
+                k, remaining_tokens, link.pace.read_s(context_length), link.pace):
+            # the model's blocks pay, but not for its read of the sequence over what is left of the request: its free
+            # side alone is asked, as where the model's blocks do not pay
+            k = self.policy.sized_only_k(remaining_tokens, remaining_context, model_unread=True)
+            self.sized_only, self.min_sized = k > 0, self.policy.min_sized(k, sized_only=True)
+        elif k:  # which of the draft's blocks is worth more, by the prices of both (the hybrid: suffix or model)
             self.min_sized = self.policy.min_sized(k, pace=link.pace)
         elif not self.draft.reading_prompt:
             # the draft's model blocks do not pay, but its free ones may (the hybrid's suffix side): ask for those. A
@@ -204,6 +218,7 @@ class RequestSpeculation:
         # the model's first ask reads the prompt, also where sized-only asks, or asks its suffix side answered (the
         # hybrid's model reads when it first drafts), opened the stream before it
         self.opening = self.draft.stream is None or not self.asked_model
+        self.read_tokens = len(tokens) if self.opening else 0
         block, reason = await self.draft.propose(tokens, k, self.draft_wait_s(k, self.opening),
                                                  min_sized=self.min_sized)
         self.asked_model = self.asked_model or not block.sized_by_draft
@@ -254,9 +269,9 @@ class RequestSpeculation:
             if not reading:  # what asking costs when the answer is waited for (a prompt is read once a request)
                 self.policy.cost.observe_wait(round_.draft_wait_s)
             if round_.fallback == "timeout":  # the draft takes longer than this wait: the next one is longer
-                self.draft.link.pace.timed_out(asked_k, round_.draft_wait_s, self.opening)
+                self.draft.link.pace.timed_out(asked_k, round_.draft_wait_s, self.opening, self.read_tokens)
             elif round_.fallback in DRAFT_ANSWERED:
-                self.draft.link.pace.observe(asked_k, round_.draft_wait_s, self.opening)
+                self.draft.link.pace.observe(asked_k, round_.draft_wait_s, self.opening, self.read_tokens)
                 if self.opening and round_.num_draft_tokens:  # (a round without a block is priced without the wait)
                     seconds = self._without_prompt_read(seconds, asked_k, round_.draft_wait_s)
         if self.draft is not None and self.draft.prefetch_timing is not None:
@@ -279,6 +294,12 @@ class RequestSpeculation:
         else:
             self.policy.observe(round_.num_draft_tokens, round_.num_accepted, seconds, asked_k=asked_k,
                                 num_chained=chained, num_forced=forced, sized=self.block.sized_by_draft)
+        if self.draft is not None and self.draft.link.sizes_some_blocks and not self.asked_model:
+            # the hybrid's model has not drafted yet: what its free side's rounds bring, against which its read is
+            # priced. A round whose block was cut as too weak is not one the model would draft: the free side's match
+            # answers it (by the draft's rule, any match)
+            self.policy.observe_free_round(round_.num_accepted + 1,
+                                           not round_.num_draft_tokens and round_.fallback != "weak_draft")
         if round_.forward_s is not None:
             metrics.VERIFY_FORWARD_TIME.observe(round_.forward_s)
             if not round_.shared:
@@ -289,6 +310,8 @@ class RequestSpeculation:
                                         "round_ms": round(round_.seconds * 1000, 3)}
         if asked_k:
             event["asked_k"] = asked_k  # the block the draft was asked for (k verifies what came, cut to what pays)
+        if self.min_sized:
+            event["min_sized"] = self.min_sized  # the match at which the draft's free side answered (NextBlock.min_sized)
         if round_.target_token is not None:
             event["target_token"] = round_.target_token
         if round_.forward_s is not None:

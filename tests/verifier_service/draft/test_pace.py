@@ -87,6 +87,23 @@ def test_a_first_round_before_any_block_was_timed_teaches_the_opening_only():
     assert pace.predicted(1, opening=True) == pytest.approx(1.8)  # a later stream's first round waits for both
 
 
+def test_the_read_is_learnt_per_token_so_a_longer_sequence_is_predicted_to_take_longer():
+    """What a draft that has not read the sequence yet will take to read it (the hybrid's model, priced before it is
+    first asked): its first rounds' extra time over their block's, per token read. Not from a first round before any
+    block was timed, which holds the block's time as well: 0.5 s for a block and a 30-token read, charged per token,
+    predicted 10 s for a 600-token read."""
+    pace = DraftPace()
+    pace.observe(4, 0.5, opening=True, read_tokens=30)
+    assert pace.read_s(600) is None and pace.opening.value == pytest.approx(0.5)
+    pace.observe(4, 0.4)
+    pace.observe(4, 0.4 + 1.0, opening=True)  # how many tokens it read not given: no figure per token
+    assert pace.read_s(500) is None
+    pace.observe(4, 0.4 + 1.0, opening=True, read_tokens=500)  # 2 ms a token
+    assert pace.read_s(500) == pytest.approx(1.0) and pace.read_s(100) == pytest.approx(0.2)
+    pace.timed_out(4, 2.0, opening=True, read_tokens=500)  # still reading after 2 s: at least 4 s less the block's
+    assert pace.read_s(500) == pytest.approx(GROW * 2.0 - 0.4)
+
+
 def test_the_policy_does_not_ask_for_a_block_that_cannot_arrive_in_time():
     """Rounds were timed at k = 0 and 1 only. Priced on the prior slope, a block of 8 looks nearly free; priced with
     the draft's pace, the policy asks for the block that pays with the draft's time, and for none past the timed

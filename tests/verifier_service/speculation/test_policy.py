@@ -661,3 +661,25 @@ def test_one_slow_forward_at_a_size_seldom_timed_does_not_price_every_longer_blo
     assert times == sorted(times)
     assert times[8] - times[3] > 0.03  # (0.05 measured; the slow one pooled into sizes 2-4)
     assert times[2] < 0.25 and times[0] == pytest.approx(0.2)
+
+
+def test_the_hybrids_model_is_first_asked_only_where_its_blocks_save_more_than_its_read():
+    """The model block of 4 pays (3.35 tokens expected in a 0.2 s round, against 0.1 s plain steps: 0.04 s saved per
+    token it drafts), but the hybrid's model has not read the sequence. With no free rounds seen, every token is
+    taken for a plain step's: over 40 tokens left it saves 1.6 s, more than a 1.5 s read and less than a 2 s one.
+    Once the free side answered 36 of 40 tokens, a tenth are the model's: 0.16 s, less than a 0.2 s read, except
+    with 400 tokens left. Unknown read (None): asked, and learnt. A fixed k: asked."""
+    policy = hybrid_policy({0: 0.1, 1: 0.13, 2: 0.16, 4: 0.2, 8: 0.4}, {}, priced=False)
+    k = policy.block_size(100, 1000)
+    assert k == 4 and policy.cut_times[k] == pytest.approx(0.2)
+    assert policy.model_read_pays(k, 40, None)
+    assert policy.model_read_pays(k, 40, 1.5) and not policy.model_read_pays(k, 40, 2.0)
+    for _ in range(9):
+        policy.observe_free_round(4, plain=False)
+    for _ in range(4):
+        policy.observe_free_round(1, plain=True)
+    assert policy.plain_share.value(0.1, 0.0) == pytest.approx(0.1)
+    assert policy.model_read_pays(k, 40, 0.1) and not policy.model_read_pays(k, 40, 0.2)
+    assert policy.model_read_pays(k, 400, 0.2)
+    fixed = hybrid_policy({0: 0.1, 4: 0.2}, {}, requested_k=4, priced=False)
+    assert fixed.model_read_pays(fixed.block_size(100, 1000), 40, 100.0)

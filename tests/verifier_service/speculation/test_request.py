@@ -405,3 +405,42 @@ def test_the_hybrids_first_model_ask_is_an_opening_not_a_prefetch(tiny_pair):
             speculation.close(None)
 
     asyncio.run(asyncio.wait_for(scenario(), 60))
+
+
+def test_the_hybrids_model_is_not_asked_where_reading_the_sequence_costs_more_than_its_blocks_save(tiny_pair):
+    """The model's blocks pay (a round of k takes 0.1 + 0.01 k s, accepted at 0.8: under 0.06 s saved a token they
+    draft against 0.1 s plain steps), but the hybrid's model has read nothing, and the draft was measured to take
+    0.1 s a token to read: over 40 tokens left its blocks would save under 2.4 s, less than the 4.3 s reading these
+    43 tokens costs. So the free side alone is asked ("read_not_paying" where it has nothing), the model reads
+    nothing, and the round is the free side's tally. Where the read is cheap (1 ms a token) the model is asked, and
+    rounds after it are not tallied."""
+    from specdec.modeling.models import load_causal_lm
+    from tests.draft_service.test_hybrid import REPEATED, UNSEEN
+    from tests.verifier_service.speculation.test_policy import cost_of
+    from verifier_service.draft.pace import DraftPace
+
+    model = load_causal_lm(str(tiny_pair[1]))
+    tokens = REPEATED + [UNSEEN]  # the suffix side has nothing after an unseen token
+
+    async def scenario():
+        async with hybrid_link(model) as link:
+            for per_token, asked in ((0.1, False), (0.001, True)):
+                link.pace = DraftPace()
+                link.pace.observe(4, 0.04)
+                link.pace.observe(4, 0.04 + per_token * 100, opening=True, read_tokens=100)
+                policy = SpeculationPolicy(4, 16, cost=cost_of(0.1, 0.01, acceptance=0.8))
+                speculation = RequestSpeculation(policy, link.session(str(asked), SamplingParams()))
+                k = speculation.block_size(40, 1000, context_length=len(tokens))
+                assert k > 0 and speculation.sized_only != asked
+                block, reason = await speculation.propose(tokens, k)
+                if asked:
+                    assert reason == "" and len(block.token_ids) == k and not block.sized_by_draft
+                    assert speculation.asked_model
+                else:
+                    assert block.token_ids == [] and reason == "read_not_paying" and not speculation.asked_model
+                speculation.record(Round(len(block.token_ids), 0, 0.12, draft_wait_s=0.01, forward_s=0.1,
+                                         fallback=reason))
+                assert policy.plain_share.tokens == (0 if asked else 1) == policy.plain_share.plain
+                speculation.close(None)
+
+    asyncio.run(asyncio.wait_for(scenario(), 60))
