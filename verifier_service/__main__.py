@@ -17,6 +17,7 @@ from verifier_service.config import VerifierConfig
 from verifier_service.engines.decode_loop import Engine
 from verifier_service.draft.client import DraftIncompatible, DraftLink
 from verifier_service.draft.tier import DraftTier, parse_drafts
+from verifier_service.forward_calibration import calibrate_forward
 from verifier_service.engines.transformers_engine import TransformersEngine
 from verifier_service.server import VerifierServicer
 
@@ -71,6 +72,8 @@ async def serve(server_cfg: specdec_config.ServerConfig, cfg: VerifierConfig) ->
             log.info("draft tier: %d replicas (--draft %s), %s routing", len(draft.members), draft.targets,
                      cfg.draft_routing)
     servicer = VerifierServicer(engine, tokenizer, info, cfg, draft)
+    if cfg.calibrate_forward:
+        await calibrate_forward(engine, servicer.round_cost, cfg.max_speculative_tokens)
     running = await grpc_server.start_server(
         server_cfg,
         lambda server: verifier_pb2_grpc.add_VerifierServiceServicer_to_server(servicer, server),

@@ -47,6 +47,9 @@ class VerifierConfig(ModelConfig, GrammarCompileConfig, InternalServiceConfig):
                  "priced sends, each round, the shortest match whose block this verifier's measured prices put above "
                  "the model's (NextBlock.min_sized; docs/design.md)", choices=["draft", "priced"])
     draft_wait_s: float = option(30.0, "at start-up, wait this long for the draft to check its tokenizer")
+    calibrate_forward: bool = option(
+        True, "at start-up, time the target's forward over a few block sizes (--engine transformers) before serving: "
+              "the first requests' blocks are priced on those times, and the kernels are warm")
     max_sequences: int = option(64, "live sequences at most; more get RESOURCE_EXHAUSTED")
     max_cache_tokens: int = option(262144, "tokens (prompt + max_tokens, reserved) in all KV caches at most")
     sequence_ttl_s: float = option(

@@ -59,6 +59,8 @@ class Engine(typing.Protocol):
     max_context: int
     takes_draft_probs: bool  # whether rejection sampling uses the draft's q (else drafts are asked to be greedy)
     takes_constraints: bool  # whether it enforces a constraint (DecodeSpec.grammar/.constraint); else refused
+    # Optional: time_forwards(sizes) -> [(n, seconds)], a round's forward over n draft tokens timed before serving
+    # (the transformers engine's; `verifier_service.forward_calibration`). vLLM's steps are batched: StepCost learns them.
 
     def rounds(self, spec: DecodeSpec, speculation: RequestSpeculation) -> typing.AsyncIterator[list[int]]:
         """Generate spec's sequence; yield the tokens each round emitted (accepted drafts + the target's token).

@@ -151,6 +151,27 @@ class TransformersEngine:
     def release(self, state: SequenceState) -> None:
         state.cache = None
 
+    def time_forwards(self, sizes: list[int], repeats: int = 2, context: int = 256) -> list[tuple[int, float]]:
+        """(n, seconds) of a round's forward over n draft tokens after the pending one, `repeats` times for each of
+        `sizes`, on a dummy sequence of `context` tokens, after one untimed pass over them (which warms the kernels);
+        each block rolled back. For before serving (`verifier_service.forward_calibration`): it runs on the calling
+        thread."""
+        context = max(2, min(context, self.max_context - max(sizes, default=0) - 1))
+        state = self.start([1 + i % (self.vocab_size - 1) for i in range(context)])
+        samples = []
+        try:
+            for repeat in range(repeats + 1):
+                for n in sizes:
+                    started = time.perf_counter()
+                    self.score(state, [state.pending] * n)
+                    elapsed = time.perf_counter() - started
+                    rollback_cache(state.cache, state.cached_length)
+                    if repeat:
+                        samples.append((n, elapsed))
+        finally:
+            self.release(state)
+        return samples
+
     @torch.inference_mode()
     def _forward(self, state: SequenceState, token_ids: list[int], last_only: bool = False) -> torch.Tensor:
         """Run token_ids after the cached prefix. Returns logits [len(token_ids), V], or [1, V] after the last token
