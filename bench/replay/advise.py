@@ -275,20 +275,24 @@ def hybrid_cost_per_token(c_model: float, model_tokens: int, drafted: int) -> fl
 
 
 def predict_table(runs, drafts: replay.Drafts, c_model: float | None, target_step: float, curve, rho: float,
-                  rho_off: float, prefill_share: float, draft_read_share: float = 0.0) -> list[dict]:
+                  rho_off: float, prefill_share: float, draft_reads: list[float] | None = None) -> list[dict]:
     """Per k: the replayed rounds and the model's speedup for the service (with transport) and in-process (without).
 
     A draft model costs c per drafted token (the hybrid's, c times the share of tokens its model side drafted), and
-    its prompt read once a request (draft_read_share of plain decoding's time; the hybrid's model reads it too). The
+    its prompt read once a request (draft_reads: each run's, as a share of plain decoding's time over all runs). The
+    hybrid's model reads it only in the requests where it drafts (the service's reads it when it first drafts). The
     no-model drafts' lookup time is per round, not per token: it goes in as d = draft time per round / target step,
     beside rho.
     """
     from bench.replay import loop as replay
 
-    read = draft_read_share if c_model is not None else 0.0
     table = []
     for k in K_VALUES:
         stats = replay.replay(runs, k, drafts.new_pass())
+        read = 0.0
+        if c_model is not None and draft_reads:
+            drafted = drafts.model_drafted if drafts.model_drafted is not None else [True] * len(draft_reads)
+            read = min(1.0, sum(share for share, reads in zip(draft_reads, drafted) if reads))
         c, d = (c_model, 0.0) if c_model is not None else (0.0, stats.draft_s / max(1, stats.rounds) / target_step)
         if drafts.drafted_by is not None and c_model is not None:  # hybrid: only the model's tokens cost c
             c = hybrid_cost_per_token(c_model, drafts.drafted_by["model"], stats.drafted)
@@ -494,13 +498,13 @@ def predict(args: argparse.Namespace, models: Models, names: list[str], forced: 
         drafts["hybrid"] = replay.hybrid_drafts(models.draft, max(K_VALUES))
     uses_model = set(names) & set(MODEL_PROPOSERS)
     c_model = step_ratio(models.draft, target, context) if uses_model else None
-    draft_read_share = 0.0
+    draft_reads: list[float] = []
     if uses_model:
         plain_wall = sum(len(c) for _, c in runs) / plain_tps if plain_tps else 0.0
-        read = sum(prompt_read_time(models.draft, torch.tensor([p])) for p, _ in runs)  # ids [1, prompt]
-        draft_read_share = min(1.0, read / plain_wall) if plain_wall else 0.0
-        print(f"draft: reads the prompts in {read:.2f} s, {draft_read_share:.1%} of plain decoding's time "
-              "(once a request, before its first block)")
+        reads = [prompt_read_time(models.draft, torch.tensor([p])) for p, _ in runs]  # ids [1, prompt]
+        draft_reads = [read / plain_wall if plain_wall else 0.0 for read in reads]
+        print(f"draft: reads the prompts in {sum(reads):.2f} s, {min(1.0, sum(draft_reads)):.1%} of plain decoding's "
+              "time (once a request, before its first block; the hybrid's, where its model drafts)")
     tables = {}
     suffix_table = None
     for name in names:
@@ -514,7 +518,7 @@ def predict(args: argparse.Namespace, models: Models, names: list[str], forced: 
                   f"{forced.acceptance:.2f} (given; predicted only: not replayed or measured here)")
         else:
             table = predict_table(runs, drafts[name], c_model if name in MODEL_PROPOSERS else None, target_step,
-                                  curve, rho, rho_off, prefill_share, draft_read_share)
+                                  curve, rho, rho_off, prefill_share, draft_reads)
             if name == "suffix":
                 suffix_table = table
         tables[name] = table

@@ -36,6 +36,9 @@ class Drafts:
     sizes_blocks: bool = False  # the proposer's `sizes_blocks`: it returns fewer tokens where its evidence is weak
     # hybrid: the tokens each side drafted since the last new_pass() (a draft model's cost is only its side's)
     drafted_by: collections.Counter | None = None
+    # hybrid: per sequence opened since the last new_pass(), in order, whether its model side drafted (and so read
+    # the prompt: the service's hybrid reads it when its model first drafts)
+    model_drafted: list[bool] | None = None
 
 
 def ngram_drafts(min_n: int = 1, max_n: int = 4) -> Drafts:
@@ -94,7 +97,7 @@ def model_drafts(model, k_max: int) -> Drafts:
 
 def hybrid_drafts(model, k_max: int, min_suffix: int | None = None, live: bool = False) -> Drafts:
     """The draft service's hybrid (`draft_service.hybrid`) over the suffix proposer and the draft model's replay;
-    `drafted_by` counts each side's tokens.
+    `drafted_by` counts each side's tokens, `model_drafted` the sequences whose model side drafted.
 
     live: the model side is the draft service's own (`draft_service.model_draft`, a forward per token over its KV
     cache), for timing; the replay's memoises its proposals, so a second pass over the same text drafts for free.
@@ -106,15 +109,23 @@ def hybrid_drafts(model, k_max: int, min_suffix: int | None = None, live: bool =
     suffix, memo = suffix_drafts(), {}
     min_suffix = HybridConfig.hybrid_min_suffix if min_suffix is None else min_suffix
     drafted_by: collections.Counter = collections.Counter()
+    model_drafted: list[bool] = []
 
     class CountedHybrid(HybridSequence):
+        def __init__(self, *args):
+            super().__init__(*args)
+            self.index = len(model_drafted)
+            model_drafted.append(False)
+
         def propose(self, k: int) -> DraftBlock:
             block = super().propose(k)
             drafted_by[self.source] += len(block.token_ids)
+            model_drafted[self.index] = model_drafted[self.index] or (self.source == "model" and bool(block.token_ids))
             return block
 
     def new_pass() -> OpenSequence:
         drafted_by.clear()
+        model_drafted.clear()
         open_suffix = suffix.new_pass()
         if live:
             proposer = ModelProposer(model)
@@ -123,7 +134,7 @@ def hybrid_drafts(model, k_max: int, min_suffix: int | None = None, live: bool =
         return lambda prompt_ids: CountedHybrid(open_suffix(prompt_ids), ModelSequence(prompt_ids, model, k_max, memo),
                                                 min_suffix)
 
-    return Drafts("hybrid", new_pass, drafted_by=drafted_by)
+    return Drafts("hybrid", new_pass, drafted_by=drafted_by, model_drafted=model_drafted)
 
 
 @dataclasses.dataclass

@@ -38,3 +38,38 @@ def test_the_hybrids_model_cost_is_spread_over_the_tokens_its_blocks_held():
     assert hybrid_cost_per_token(0.45, 96, 141) == pytest.approx(0.45 * 96 / 141)
     assert hybrid_cost_per_token(0.45, 0, 50) == 0.0 and hybrid_cost_per_token(0.45, 0, 0) == 0.0
     assert hybrid_cost_per_token(0.45, 10, 8) == 0.45  # never more than a model block's own cost
+
+
+def test_the_hybrids_prompt_read_is_charged_only_to_the_requests_its_model_drafted_in():
+    """The service's hybrid reads the prompt when its model first drafts: a request its suffix side answers
+    throughout never pays it. Of two requests whose reads are each 20% of plain decoding's time, the hybrid's
+    model drafted in the first only: its prediction is the one with that read, not both; a model draft pays both."""
+    from bench.replay import loop as replay
+    from bench.replay.advise import K_VALUES, predict_table
+    from draft_service.ngram import NgramSequence
+
+    runs = [([5, 17, 33, 42], [17, 33, 42, 17]), ([6, 7, 8, 9], [6, 7, 8, 9])]
+    curve = {n: 1.0 + 0.05 * n for n in range(1, max(K_VALUES) + 2)}
+
+    def drafts(model_drafted):
+        seen: list[bool] = []
+
+        def new_pass():
+            seen.clear()
+
+            def open_sequence(prompt_ids):
+                seen.append(model_drafted[len(seen)])
+                return NgramSequence(prompt_ids, 1, 4)
+            return open_sequence
+        return replay.Drafts("hybrid", new_pass, model_drafted=seen)
+
+    def predicted(model_drafted, reads):
+        table = predict_table(runs, drafts(model_drafted), 0.3, 0.1, curve, 0.0, 0.0, 0.0, reads)
+        return [row["predicted"] for row in table]
+
+    first_only = predicted([True, False], [0.2, 0.2])
+    assert first_only == predicted([True, True], [0.2, 0.0])
+    assert first_only > predicted([True, True], [0.2, 0.2])
+    model = replay.Drafts("model", lambda: (lambda prompt_ids: NgramSequence(prompt_ids, 1, 4)))
+    assert [row["predicted"] for row in predict_table(runs, model, 0.3, 0.1, curve, 0.0, 0.0, 0.0, [0.2, 0.2])] \
+        == predicted([True, True], [0.2, 0.2])
