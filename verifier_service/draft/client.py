@@ -308,13 +308,16 @@ class DraftSession:
         return ""
 
     async def propose(self, tokens: list[int], k: int, wait_s: float | None = None,
-                      sized_only: bool = False, min_sized: int = 0) -> tuple[DraftBlock, str]:
+                      sized_only: bool = False, min_sized: int = 0, opening: bool = False) -> tuple[DraftBlock, str]:
         """A block of up to k tokens after `tokens`, or an empty one and the reason it is empty ("timeout": no
         answer within wait_s, by default the link's timeout). sized_only: only a block the draft sizes at no
         forward's cost, or none (NextBlock.sized_only; on a pipelined stream nothing is drafted ahead after it).
-        min_sized: the shortest match at which such a block answers rather than the model's (NextBlock.min_sized)."""
+        min_sized: the shortest match at which such a block answers rather than the model's (NextBlock.min_sized).
+        opening: the draft reads the sequence before it answers, on an open stream too (the hybrid's model, which
+        reads it when it first drafts): a timeout then keeps the stream and takes the answer when it comes
+        (`_read_prompt_behind`), as on a stream's first round. Ended instead, the next ask read it all again."""
         wait_s = self.link.timeout_s if wait_s is None else wait_s
-        opening = self.stream is None
+        opening = opening or self.stream is None
         reason = await self._ensure_stream(tokens)
         if reason:
             return DraftBlock.empty(), reason

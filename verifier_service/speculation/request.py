@@ -220,7 +220,7 @@ class RequestSpeculation:
         self.opening = self.draft.stream is None or not self.asked_model
         self.read_tokens = len(tokens) if self.opening else 0
         block, reason = await self.draft.propose(tokens, k, self.draft_wait_s(k, self.opening),
-                                                 min_sized=self.min_sized)
+                                                 min_sized=self.min_sized, opening=self.opening)
         self.asked_model = self.asked_model or not block.sized_by_draft
         self.block_came_ahead = block.ahead
         return self._verified(block, reason, k)

@@ -444,3 +444,34 @@ def test_the_hybrids_model_is_not_asked_where_reading_the_sequence_costs_more_th
                 speculation.close(None)
 
     asyncio.run(asyncio.wait_for(scenario(), 60))
+
+
+def test_a_hybrids_first_model_ask_that_times_out_keeps_the_stream_and_takes_the_answer_when_it_comes(tiny_pair):
+    """A sized-only ask opened the hybrid's stream; the model's first ask then times out (it reads the sequence
+    first). The stream is kept and the draft reads on ("timeout", then plain steps while reading): ended, as an
+    ordinary round's timeout ends it, the next ask opened a new stream and read it all again, and on a fresh stack
+    two such asks cost 1 s each in one extraction request. The answer, when it comes, is the next block."""
+    from specdec.modeling.models import load_causal_lm
+    from tests.draft_service.test_hybrid import REPEATED, UNSEEN
+    from tests.verifier_service.speculation.test_policy import cost_of
+
+    model = load_causal_lm(str(tiny_pair[1]))
+
+    async def scenario():
+        async with hybrid_link(model) as link:
+            policy = SpeculationPolicy(4, 16, cost=cost_of(0.1, 0.01, acceptance=0.8), far_draft="wait")
+            speculation = RequestSpeculation(policy, link.session("r", SamplingParams()))
+            tokens = REPEATED + [UNSEEN]  # the suffix side has nothing after an unseen token: the model drafts
+            await speculation._sized_block(tokens, 4, 1)  # a sized-only ask opens the stream
+            stream = speculation.draft.stream
+            link.timeout_s = 1e-4  # no answer in time
+            block, reason = await speculation.propose(tokens, 4)
+            assert reason == "timeout" and block.token_ids == [] and speculation.opening
+            assert speculation.draft.stream is stream and speculation.draft.reading_prompt
+            link.timeout_s = 5.0
+            await asyncio.sleep(0.5)
+            block, reason = await speculation.propose(tokens, 4)
+            assert reason == "" and len(block.token_ids) == 4 and speculation.draft.stream is stream
+            speculation.close(None)
+
+    asyncio.run(asyncio.wait_for(scenario(), 60))
