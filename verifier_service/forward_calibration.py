@@ -28,8 +28,8 @@ def calibration_sizes(max_k: int) -> list[int]:
 
 
 async def calibrate_forward(engine, cost: RoundCost, max_k: int, repeats: int = 2) -> list[tuple[int, float]]:
-    """Time the engine's forward at `calibration_sizes(max_k)` and record each sample in `cost`; the samples. None
-    recorded where the engine cannot time its forward alone (vLLM: `Engine`'s optional time_forwards)."""
+    """Time the engine's forward at `calibration_sizes(max_k)`, record each sample in `cost`, and return the samples.
+    Nothing is timed where the engine cannot time its forward alone (vLLM: `Engine`'s optional time_forwards)."""
     time_forwards = getattr(engine, "time_forwards", None)
     if time_forwards is None:
         return []
