@@ -709,7 +709,7 @@ class SpeculationPolicy:
         self.plain_share.add(tokens, plain)
         self.cost.plain_share.add(tokens, plain)
 
-    def model_read_pays(self, k: int, remaining_tokens: int, read_s: float | None, pace: typing.Any = None) -> bool:
+    def model_read_pays(self, k: int, remaining_tokens: int, read_s: float | None) -> bool:
         """For a hybrid draft whose model has not drafted yet in this request (its free side, suffix decoding, has
         answered so far): whether asking it pays for the read it costs once, of the sequence so far (`read_s`, the
         draft's measured read time for it: `DraftPace.read_s`; None: not known, so asked, and learnt). Its blocks

@@ -158,7 +158,7 @@ class RequestSpeculation:
         if not link.sizes_some_blocks:
             return k
         if k and not self.asked_model and not self.draft.reading_prompt and not self.policy.model_read_pays(
-                k, remaining_tokens, link.pace.read_s(context_length), link.pace):
+                k, remaining_tokens, link.pace.read_s(context_length)):
             # the model's blocks pay, but not for its read of the sequence over what is left of the request: its free
             # side alone is asked, as where the model's blocks do not pay
             k = self.policy.sized_only_k(remaining_tokens, remaining_context, model_unread=True)
