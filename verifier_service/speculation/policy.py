@@ -674,9 +674,10 @@ class SpeculationPolicy:
         forward = self.cost.forward_times(self.max_k)
         if times is None or forward is None or not 0 < k < len(times):
             return 0
-        tokens, model_s = self._model_round(k, times, forward, pace)
-        model_rate = tokens / model_s
+        alpha = min(self.alpha() if self.cut_alpha is None else self.cut_alpha, 0.999)
         overhead = max(times[0] - forward[0], 0.0)  # a round's sampling, bookkeeping and transport
+        model_rate = self._model_block_rate(k, alpha, times, forward[k] + overhead,
+                                            pace.predicted(k) if pace is not None else None)
         sized_times = [t + overhead for t in forward]
         # such a block goes on past its match with chained tokens (the suffix side drafts up to the longest block it
         # may), worth what chained tokens have been accepted at; priced on its match alone, a 1-token match looked
@@ -688,20 +689,6 @@ class SpeculationPolicy:
             if self._best_prefix(length + chained, chained, 0, sized_times, sized_alpha)[1] >= model_rate:
                 return length
         return self.max_k + 1
-
-    def _model_round(self, k: int, times: list[float], forward: list[float] | None,
-                     pace: typing.Any) -> tuple[float, float]:
-        """A model block of k, as the round's k was chosen (`cut_alpha`, else alpha()): (its expected tokens, the
-        seconds a round of it costs), the draft's measured answer time included (`_model_block_rate`; times: the
-        round times k was chosen on, forward: the target's forward times, None before any was timed)."""
-        alpha = min(self.alpha() if self.cut_alpha is None else self.cut_alpha, 0.999)
-        tokens = expected_tokens(alpha, k)
-        if forward is None:
-            return tokens, times[k]
-        overhead = max(times[0] - forward[0], 0.0)  # a round's sampling, bookkeeping and transport
-        rate = self._model_block_rate(k, alpha, times, forward[k] + overhead,
-                                      pace.predicted(k) if pace is not None else None)
-        return tokens, tokens / rate
 
     def observe_free_round(self, tokens: int, plain: bool) -> None:
         """A round of a hybrid draft whose model has not drafted yet: the tokens it emitted, and whether it was a
