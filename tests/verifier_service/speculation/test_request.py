@@ -33,6 +33,21 @@ async def hybrid_link(model, longest: int = 16):
             await link.close()
 
 
+async def opened_by_a_sized_ask(link, far_draft: str) -> tuple[RequestSpeculation, list[int]]:
+    """A hybrid request whose model blocks pay (rounds of 0.1 + 0.01 k s, accepted at 0.8) and whose stream a
+    sized-only ask opened, at a point where the suffix side has nothing (after an unseen token): its model has read
+    nothing. The request and its tokens."""
+    from tests.draft_service.test_hybrid import REPEATED, UNSEEN
+    from tests.verifier_service.speculation.test_policy import cost_of
+
+    policy = SpeculationPolicy(4, 16, cost=cost_of(0.1, 0.01, acceptance=0.8), far_draft=far_draft)
+    speculation = RequestSpeculation(policy, link.session("r", SamplingParams()))
+    tokens = REPEATED + [UNSEEN]
+    block, _ = await speculation._sized_block(tokens, 4, 1)
+    assert speculation.draft.stream is not None and not block.token_ids
+    return speculation, tokens
+
+
 def test_a_draft_that_gives_nothing_is_charged_to_drafting_not_to_plain_steps():
     """The draft is asked for 4 tokens and does not answer (nothing listens at its address): the round's time,
     the wait included, is what drafting cost, with nothing accepted. A plain step's time stays a plain step's."""
@@ -384,18 +399,13 @@ def test_the_hybrids_first_model_ask_is_an_opening_not_a_prefetch(tiny_pair):
     an ordinary block's wait timed out on, ending the stream, so that the next ask read the prompt again); the
     model's later asks step while it drafts."""
     from specdec.modeling.models import load_causal_lm
-    from tests.draft_service.test_hybrid import REPEATED, UNSEEN
-    from tests.verifier_service.speculation.test_policy import cost_of
+    from tests.draft_service.test_hybrid import UNSEEN
 
     model = load_causal_lm(str(tiny_pair[1]))
 
     async def scenario():
         async with hybrid_link(model) as link:
-            policy = SpeculationPolicy(4, 16, cost=cost_of(0.1, 0.01, acceptance=0.8), far_draft="step")
-            speculation = RequestSpeculation(policy, link.session("r", SamplingParams()))
-            tokens = REPEATED + [UNSEEN]  # the suffix side has nothing after an unseen token: the model drafts
-            block, reason = await speculation._sized_block(tokens, 4, 1)  # a sized-only ask opens the stream
-            assert speculation.draft.stream is not None and not block.token_ids
+            speculation, tokens = await opened_by_a_sized_ask(link, far_draft="step")
             block, reason = await speculation.propose(tokens, 4)
             assert reason == "" and speculation.asked_k == 4 and speculation.opening and len(block.token_ids) == 4
             speculation.record(Round(4, 0, 0.2, draft_wait_s=0.05, forward_s=0.1))
@@ -452,17 +462,12 @@ def test_a_hybrids_first_model_ask_that_times_out_keeps_the_stream_and_takes_the
     ordinary round's timeout ends it, the next ask opened a new stream and read it all again, and on a fresh stack
     two such asks cost 1 s each in one extraction request. The answer, when it comes, is the next block."""
     from specdec.modeling.models import load_causal_lm
-    from tests.draft_service.test_hybrid import REPEATED, UNSEEN
-    from tests.verifier_service.speculation.test_policy import cost_of
 
     model = load_causal_lm(str(tiny_pair[1]))
 
     async def scenario():
         async with hybrid_link(model) as link:
-            policy = SpeculationPolicy(4, 16, cost=cost_of(0.1, 0.01, acceptance=0.8), far_draft="wait")
-            speculation = RequestSpeculation(policy, link.session("r", SamplingParams()))
-            tokens = REPEATED + [UNSEEN]  # the suffix side has nothing after an unseen token: the model drafts
-            await speculation._sized_block(tokens, 4, 1)  # a sized-only ask opens the stream
+            speculation, tokens = await opened_by_a_sized_ask(link, far_draft="wait")
             stream = speculation.draft.stream
             link.timeout_s = 1e-4  # no answer in time
             block, reason = await speculation.propose(tokens, 4)
