@@ -192,13 +192,14 @@ def step_time(model, context: int, trials: int = 10) -> float:
 
 
 def step_ratio(draft, target, context: int, trials: int = 12) -> float:
-    """c: a draft step over a target step at `context` tokens, the two alternated step by step
-    (`verify_cost.measure_each`): a shared machine's load moves both alike; measured apart, its swings went into c."""
+    """c: a draft step over a target step at `context` tokens, the median of the ratios of steps taken side by
+    side (`verify_cost.sample_each`): a shared machine's load moves a pair alike, where the ratio of two medians
+    took a load phase that fell on one model's samples more than the other's (0.16 for a model against itself)."""
     from bench.studies import verify_cost
 
-    draft_curve, target_curve = verify_cost.measure_each([draft, target], str(target.device), context, [1],
-                                                         repeats=trials, warmup=2)
-    return draft_curve["t_ms"]["1"] / target_curve["t_ms"]["1"]
+    draft_samples, target_samples = verify_cost.sample_each([draft, target], str(target.device), context, [1],
+                                                            repeats=trials, warmup=2)
+    return statistics.median(d / t for d, t in zip(draft_samples[1], target_samples[1]))
 
 
 def hf_assisted_speedup(target, draft, tokenizer, prompts: list[Prompt], k: int, eos, repeats: int = 2) -> float:

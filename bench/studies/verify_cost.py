@@ -109,10 +109,12 @@ def measure(model, device: str, context: int, ks: list[int], repeats: int, warmu
 
 
 @torch.inference_mode()
-def measure_each(models: list, device: str, context: int, ks: list[int], repeats: int, warmup: int,
-                 progress=None) -> list[dict]:
-    """One curve per model, every (model, k) interleaved in each sweep: drift on a noisy machine spreads over all
-    of them (on a shared 2-core VM, one model's t(1) moved by 40% between two runs minutes apart)."""
+def sample_each(models: list, device: str, context: int, ks: list[int], repeats: int, warmup: int,
+                progress=None) -> list[dict[int, list[float]]]:
+    """Per model, per k: `repeats` forward times in ms, every (model, k) interleaved in each sweep, so drift on a
+    noisy machine spreads over all of them (on a shared 2-core VM, one model's t(1) moved by 40% between two runs
+    minutes apart). Sweeps alternate their order, so no cell always runs in the same place. Sample i of every
+    cell comes from sweep i."""
     caches = []
     for model in models:
         caches.append(new_cache(model))
@@ -121,14 +123,22 @@ def measure_each(models: list, device: str, context: int, ks: list[int], repeats
         for k in ks:
             time_forward(model, caches[-1], context, k, device, warmup)
     samples = [{k: [] for k in ks} for _ in models]
-    for _ in range(repeats):
-        for k in ks:
-            for model, cache, by_k in zip(models, caches, samples):
-                by_k[k] += time_forward(model, cache, context, k, device, 1)
+    cells = [(k, index) for k in ks for index in range(len(models))]
+    for sweep in range(repeats):
+        # every other sweep runs backwards: a cell that always ran right after another (a thread pool just put
+        # to sleep, a neighbour's time slice) would take that position's cost into its own median
+        for k, index in cells if sweep % 2 == 0 else reversed(cells):
+            samples[index][k] += time_forward(models[index], caches[index], context, k, device, 1)
         if progress:
             progress.update(1)
+    return samples
+
+
+def measure_each(models: list, device: str, context: int, ks: list[int], repeats: int, warmup: int,
+                 progress=None) -> list[dict]:
+    """One curve per model from `sample_each`: the median time at each k, and its ratio to the first k's."""
     curves = []
-    for by_k in samples:
+    for by_k in sample_each(models, device, context, ks, repeats, warmup, progress):
         medians = {k: statistics.median(by_k[k]) for k in ks}
         curves.append({"context": context, "t_ms": {str(k): round(medians[k], 3) for k in ks},
                        "ratio": {str(k): round(medians[k] / medians[ks[0]], 3) for k in ks}})
