@@ -100,6 +100,8 @@ LENGTH_BUCKETS = 8
 FAR_DRAFT_WAIT = 0.05  # a draft whose answer takes less than this share of a plain step is near: always wait for it
 FORCED_PRIOR = 1.0  # acceptance assumed of a token the grammar forced: the target has no other choice of text
 PLAIN_PRIOR_TOKENS = 8.0  # weight of the server-wide plain share of a hybrid's free rounds in a request's, in tokens
+# matched tokens of the hybrid's suffix blocks judged server-wide before --hybrid-threshold priced overrules the draft
+PRICED_AFTER_JUDGED = 16.0
 
 
 def with_draft_pace(cost: RoundCost, times: list[float] | None, pace: typing.Any) -> list[float] | None:
@@ -448,6 +450,7 @@ class SpeculationPolicy:
         self.priced_threshold = priced_threshold  # min_sized prices the hybrid's sides (--hybrid-threshold priced)
         self.acceptance = Acceptance(DECAY)  # this request's
         self.sized_acceptance = Acceptance(DECAY)  # this request's, of the blocks judged apart (`sized_alpha`)
+        self.chained_acceptance = Acceptance(DECAY)  # this request's, of chained tokens (`chained_alpha`)
         self.cooldown = 0  # plain rounds left before speculation is retried
         self.next_cooldown = COOLDOWN_ROUNDS
         self.probing = False
@@ -467,6 +470,12 @@ class SpeculationPolicy:
         acceptance instead, a weak suffix side had its blocks verified as far as the model's would be, much further
         than the suffix draft alone has its own verified."""
         return self.sized_acceptance.value(prior=self.cost.sized_acceptance[self.greedy].value())
+
+    def chained_alpha(self) -> float:
+        """This request's acceptance of chained tokens (those a draft chained past its match), with the server-wide
+        one as a prior. Server-wide alone, code's chained tokens, seldom right, priced extraction's, mostly right
+        where the output copies its input, and the hybrid's suffix side lost rounds there that it would have won."""
+        return self.chained_acceptance.value(prior=self.cost.chained[self.greedy].value())
 
     def alpha_upper(self) -> float:
         """alpha() plus EXPLORE_Z standard errors of this request's evidence."""
@@ -634,13 +643,13 @@ class SpeculationPolicy:
                      alpha: float) -> tuple[int, float]:
         """(n, its expected tokens per second): the prefix of a block, from none to all of its num_tokens, that emits
         the most tokens per second when a round verifying n costs times[n]. Its matched tokens are accepted with the
-        acceptance of blocks matched as far (`RoundCost.by_length`, alpha as its prior), each chained one with the
-        server-wide acceptance of chained tokens, each forced one with that of forced tokens."""
+        acceptance of blocks matched as far (`RoundCost.by_length`, alpha as its prior), each chained one with this
+        request's acceptance of chained tokens (`chained_alpha`), each forced one with the server's of forced tokens."""
         matched = num_tokens - num_chained - num_forced
         alike = self.cost.by_length[self.greedy].get(min(matched, LENGTH_BUCKETS))  # blocks matched as far
         if alike is not None:
             alpha = min(alike.upper(prior=alpha), 0.999)
-        alpha_chained = min(self.cost.chained[self.greedy].value(), 0.999)
+        alpha_chained = min(self.chained_alpha(), 0.999)
         alpha_forced = min(self.cost.forced[self.greedy].value(), 0.999)
         longest = min(num_tokens, len(times) - 1)
         tokens, reach = 1.0, 1.0  # expected tokens of a round verifying n; the chance all n were accepted
@@ -664,12 +673,18 @@ class SpeculationPolicy:
         far); the model block's is its tokens over its whole cost, the draft's time included (`_model_block_rate`);
         max_k + 1 where no match pays more. A match counts with the chained tokens that follow it up to max_k, once
         chained tokens have been judged (`RoundCost.chained`). 0 (the draft's own rule) without priced_threshold,
-        where the policy did not choose k (a fixed k, a retry), or before a forward was timed. pace: the draft's
-        measured answer time by block size (`verifier_service.draft.pace.DraftPace`)."""
+        where the policy did not choose k (a fixed k, a retry), before a forward was timed, or before the server has
+        judged PRICED_AFTER_JUDGED matched tokens of such blocks: priced on the prior and a warm-up's one rejected
+        token, with no chained token judged, no match beat the model, so none was verified and the price never
+        learnt (a fresh stack's first extraction request drafted every block with the model, at 0.7 of suffix
+        decoding's speed). pace: the draft's measured answer time by block size
+        (`verifier_service.draft.pace.DraftPace`)."""
         if not self.priced_threshold or k <= 0:
             return 0
         if sized_only:
             return 1
+        if self.cost.sized_acceptance[self.greedy].judged < PRICED_AFTER_JUDGED:
+            return 0
         times = self.cut_times
         forward = self.cost.forward_times(self.max_k)
         if times is None or forward is None or not 0 < k < len(times):
@@ -732,6 +747,8 @@ class SpeculationPolicy:
                 self.probing = False
             return
         matched, accepted = matched_part(num_draft_tokens, num_accepted, num_chained, num_forced)
+        if num_chained and num_accepted >= matched:  # judged only where the match before them was accepted whole
+            self.chained_acceptance.add(num_chained, min(num_accepted - matched, num_chained))
         if apart:  # not evidence on the blocks k sizes: neither this request's acceptance nor a retry's outcome
             if matched:
                 self.sized_acceptance.add(matched, accepted)

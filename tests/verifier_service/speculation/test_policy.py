@@ -561,6 +561,23 @@ def test_the_hybrids_suffix_side_answers_from_the_match_whose_block_is_worth_mor
     assert hybrid_policy(dear, suffix).min_sized(8, sized_only=True) == 1
 
 
+def test_the_priced_threshold_leaves_the_draft_its_rule_until_the_suffix_side_has_been_judged():
+    """A fresh server: a warm-up's one rejected 1-token suffix block is all it has judged of the suffix side.
+    Priced on that, no match beats a cheap model block (9: none answers), so no suffix block would be verified and
+    its price never learnt. Until PRICED_AFTER_JUDGED matched tokens are judged, the draft's own rule (0) answers;
+    from then on the price does."""
+    from verifier_service.speculation.policy import PRICED_AFTER_JUDGED
+
+    cheap = {0: 0.1, 1: 0.11, 2: 0.12, 4: 0.14, 8: 0.18}
+    policy = hybrid_policy(cheap, {})
+    policy.cost.sized_acceptance[True].add(1, 0)
+    k = policy.block_size(1000, 1000)
+    assert k > 0 and policy.min_sized(k) == 0
+    while policy.cost.sized_acceptance[True].judged < PRICED_AFTER_JUDGED:  # the counts fade as they grow
+        policy.cost.sized_acceptance[True].add(1, 0)
+    assert policy.min_sized(k) == policy.max_k + 1
+
+
 def test_a_model_block_is_priced_with_the_drafts_time_even_when_its_round_did_not_wait_for_it():
     """Blocks drafted ahead or asked during a plain step arrive at once: their rounds (0.11-0.18 s here) hold little
     of the model's drafting time. Priced on those rounds alone the model side beats matches shorter than 3; with the
@@ -644,6 +661,23 @@ def test_a_suffix_match_is_priced_with_the_chained_tokens_that_follow_it():
             policy.cost.chained[True] = seen(chained, 200)
         thresholds[name] = policy.min_sized(policy.block_size(1000, 1000))
     assert thresholds == {"unseen": 2, "right half the time": 1, "never right": 2}
+
+
+def test_a_requests_own_chained_tokens_price_its_matches_over_the_servers():
+    """The server's chained tokens were never right (code, say); this request's are (extraction copying its input):
+    after a few of its suffix blocks, a 1-token match with its chained tokens beats the model's block, as it would
+    on a server that had seen only such requests. Priced on the server's alone, only a 2-token match did."""
+    suffix = {1: 0.3, 2: 0.5, 3: 0.7, 4: 0.85, 5: 0.9, 6: 0.9, 7: 0.9, 8: 0.9}
+    middling = {0: 0.1, 1: 0.13, 2: 0.16, 4: 0.22, 8: 0.34}
+    policy = hybrid_policy(middling, suffix)
+    policy.cost.chained[True] = seen(0.0, 200)
+    assert policy.min_sized(policy.block_size(1000, 1000)) == 2
+    for _ in range(4):  # a 1-token match and 3 chained tokens, all accepted
+        policy.block_size(1000, 1000)
+        policy.cut_block(4, 3, sized=True)
+        policy.observe(4, 4, 0.1, num_chained=3, sized=True)
+    assert policy.chained_alpha() > 0.5
+    assert policy.min_sized(policy.block_size(1000, 1000)) == 1
 
 
 def test_one_slow_forward_at_a_size_seldom_timed_does_not_price_every_longer_block():
