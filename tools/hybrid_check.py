@@ -32,11 +32,12 @@ from devkit.stack import running_stack, scrape_metrics
 from specdec.v1 import gateway_pb2_grpc
 from tools.pair_check import cpu, run
 
-METHODS = ("model", "suffix", "hybrid", "hybrid-priced", "hybrid-min4")
+METHODS = ("model", "suffix", "hybrid", "hybrid-priced", "hybrid-min4", "model-twin")
 # a method's draft (--method) and the flags it adds: hybrid-priced is the hybrid with the verifier's threshold,
 # hybrid-min4 the hybrid whose suffix side answers only on a match of 4 tokens or more (the default until it was
-# measured against any match, docs/design.md)
-DRAFT_METHOD = {"hybrid-priced": "hybrid", "hybrid-min4": "hybrid"}
+# measured against any match, docs/design.md); model-twin a second stack just like model's, so that the run
+# measures its own spread: what two identical stacks give apart (an A/A test) bounds what a ratio can tell
+DRAFT_METHOD = {"hybrid-priced": "hybrid", "hybrid-min4": "hybrid", "model-twin": "model"}
 METHOD_VERIFIER_ARGS = {"hybrid-priced": ["--hybrid-threshold", "priced"]}
 METHOD_DRAFT_ARGS = {"hybrid-min4": ["--hybrid-min-suffix", "4"]}
 FALLBACK_REASONS = "specdec_fallback_rounds_total"
@@ -59,7 +60,8 @@ def main(argv=None) -> int:
                              "holds, so that two stacks fit in 24 GiB)")
     parser.add_argument("--methods", default="model,suffix,hybrid",
                         help="which of model, suffix, hybrid, hybrid-priced (the hybrid with the verifier's "
-                             "--hybrid-threshold priced), hybrid-min4 (with --hybrid-min-suffix 4) to run")
+                             "--hybrid-threshold priced), hybrid-min4 (with --hybrid-min-suffix 4), model-twin (a "
+                             "second model stack: the run's own spread) to run")
     parser.add_argument("--out", default="")
     args = parser.parse_args(argv)
     methods = tuple(m for m in METHODS if m in args.methods.split(","))
@@ -141,7 +143,7 @@ def summarize(runs: list[dict], methods: tuple[str, ...]) -> dict:
     """Each method's tokens/s over the runs (total tokens over total seconds), its ratio to off, and the hybrid's
     ratio to each other method run beside it and to the better of model and suffix (where both ran). Run with one of
     them at a time (where two stacks are all that fit), the hybrid's ratio to the better is the smaller of its ratios
-    to each, each from one run."""
+    to each, each from one run. model-twin: its ratio to model, two identical stacks apart."""
     summary = {}
     for method in ("off", *methods):
         mine = [r for r in runs if r["method"] == method]
@@ -155,6 +157,8 @@ def summarize(runs: list[dict], methods: tuple[str, ...]) -> dict:
         if {"model", "suffix"} <= set(methods):
             better = max(summary["model"]["tok_s"], summary["suffix"]["tok_s"])
             summary[hybrid]["vs_better"] = round(summary[hybrid]["tok_s"] / better, 3)
+    if {"model", "model-twin"} <= set(methods):
+        summary["model-twin"]["vs_model"] = round(summary["model-twin"]["tok_s"] / summary["model"]["tok_s"], 3)
     return summary
 
 

@@ -20,3 +20,14 @@ def test_the_warm_summary_leaves_out_the_first_request_the_stacks_served():
     warm = warm_summary(runs, ("model", "suffix", "hybrid"), "a")
     assert warm["code"]["hybrid"]["vs_better"] == 1.0 and warm["code"]["hybrid"]["vs_off"] == 2.0
     assert warm["sql"]["hybrid"]["vs_better"] == 0.8
+
+
+def test_a_twin_of_the_model_stack_gives_the_runs_own_spread():
+    """model-twin is a second stack just like model's: its ratio to model is what two identical stacks give apart
+    in this run, against which the hybrid's ratios are read."""
+    from tools.hybrid_check import summarize
+
+    runs = [row("chat", "a", "off", 10, 4.0), row("chat", "a", "model", 10, 2.0),
+            row("chat", "a", "model-twin", 10, 2.5), row("chat", "a", "hybrid", 10, 2.2)]
+    summary = summarize(runs, ("model", "hybrid", "model-twin"))
+    assert summary["model-twin"]["vs_model"] == 0.8 and summary["hybrid"]["vs_model"] == round(2.0 / 2.2, 3)
