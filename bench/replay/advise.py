@@ -194,7 +194,7 @@ def step_time(model, context: int, trials: int = 10) -> float:
 def step_ratio(draft, target, context: int, trials: int = 12) -> float:
     """c: a draft step over a target step at `context` tokens, the median of the ratios of steps taken side by
     side (`verify_cost.sample_each`): a shared machine's load moves a pair alike, where the ratio of two medians
-    took a load phase that fell on one model's samples more than the other's (0.16 for a model against itself)."""
+    took in a load phase that fell on one model's samples more than on the other's."""
     from bench.studies import verify_cost
 
     draft_samples, target_samples = verify_cost.sample_each([draft, target], str(target.device), context, [1],

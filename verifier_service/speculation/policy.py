@@ -675,10 +675,8 @@ class SpeculationPolicy:
         chained tokens have been judged (`RoundCost.chained`). 0 (the draft's own rule) without priced_threshold,
         where the policy did not choose k (a fixed k, a retry), before a forward was timed, or before the server has
         judged PRICED_AFTER_JUDGED matched tokens of such blocks: priced on the prior and a warm-up's one rejected
-        token, with no chained token judged, no match beat the model, so none was verified and the price never
-        learnt (a fresh stack's first extraction request drafted every block with the model, at 0.7 of suffix
-        decoding's speed). pace: the draft's measured answer time by block size
-        (`verifier_service.draft.pace.DraftPace`)."""
+        token, with no chained token judged, no match beat the model, so none was verified and the price was never
+        learnt. pace: the draft's measured answer time by block size (`verifier_service.draft.pace.DraftPace`)."""
         if not self.priced_threshold or k <= 0:
             return 0
         if sized_only:
