@@ -3,9 +3,11 @@
 One stack per method (the 1.5B verifies in each; model and hybrid draft with the 0.5B), all up at once. For each
 prompt of each workload (bench/workloads/<name>.jsonl, greedy; the first --per-workload of each): speculation off
 (k = 0) once, then each method at adaptive k, the methods' order rotating from prompt to prompt so that none always
-runs first on a warm cache; every output must be the plain run's. Prints a JSON line per run and, at the end, each
-method's tokens/s summed over the prompts, its ratio to off, per workload (and again without the stacks' first
-request, "warm"), the hybrid's blocks by side (from the draft's /metrics) and each stack's rounds without a block by
+runs first on a warm cache; every output must be the plain run's; --passes repeats it all. Prints a JSON line per run
+and, at the end, each method's tokens/s summed over the prompts, its ratio to off, per workload (and again without
+the stacks' first request, "warm"), the hybrid's ratios to the other methods, each also as the geometric mean of its
+per-prompt ratios with a 95% interval (`bench.core.intervals`: on these machines two identical stacks differ by more
+than most of the differences measured here; `model-twin` measures that), the hybrid's blocks by side (from the draft's /metrics) and each stack's rounds without a block by
 reason (from the verifier's); --out writes it all with the machine (CPU model and flags). `hybrid-priced` is a
 second hybrid stack whose verifier sets the threshold (--hybrid-threshold priced), so that both rules run
 interleaved in one run. The machine may be shared: quote the figures with that.
@@ -26,6 +28,7 @@ import time
 
 import grpc
 
+from bench.core.intervals import ratio_interval
 from bench.core.machine import machine_info
 from bench.core.workloads import load_workload
 from devkit.stack import running_stack, scrape_metrics
@@ -53,6 +56,8 @@ def main(argv=None) -> int:
     parser.add_argument("--per-workload", type=int, default=4, help="the first N prompts of each workload")
     parser.add_argument("--prompts", default="", help="comma-separated prompt ids (default: the first N of each)")
     parser.add_argument("--max-tokens", type=int, default=64, help="cap on each prompt's max_tokens")
+    parser.add_argument("--passes", type=int, default=1, help="run every prompt this many times (more pairs, a "
+                                                                 "narrower interval)")
     parser.add_argument("--draft-arg", action="append", default=[], help="extra flag for the hybrid's draft")
     parser.add_argument("--verifier-arg", action="append", default=[],
                         help="extra flag for every verifier, e.g. --verifier-arg=--prepack-weights "
@@ -88,10 +93,10 @@ def main(argv=None) -> int:
                  for m, s in services.items()}
         for method, stub in stubs.items():  # first requests pay for kernels of new shapes: not measured
             run(stub, prompts[0].text, 8, None, chat=False)
-        for i, prompt in enumerate(prompts):
+        for i, (pass_index, prompt) in enumerate((p, prompt) for p in range(args.passes) for prompt in prompts):
             max_tokens = prompt.max_tokens
             plain = run(stubs[methods[-1]], prompt.text, max_tokens, 0, chat=False)
-            where = {"workload": prompt.workload, "prompt": prompt.id}
+            where = {"workload": prompt.workload, "prompt": prompt.id, "pass": pass_index}
             print(json.dumps({**where, "method": "off",
                               **{k: v for k, v in plain.items() if k != "tokens"}}), flush=True)
             runs.append({**where, "method": "off", **plain, "identical": True})
@@ -117,7 +122,8 @@ def main(argv=None) -> int:
         pathlib.Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         pathlib.Path(args.out).write_text(json.dumps({
             "model": pathlib.Path(args.model).name, "draft_model": pathlib.Path(args.draft_model).name,
-            "dtype": args.dtype, "max_tokens": args.max_tokens, "workloads": args.workloads, "draft_args": args.draft_arg,
+            "dtype": args.dtype, "max_tokens": args.max_tokens, "workloads": args.workloads, "passes": args.passes,
+            "draft_args": args.draft_arg,
             "verifier_args": args.verifier_arg,
             "machine": machine_info(args.threads, "PASSIVE"), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "identical": identical, "summary": summary, "warm": warm, "hybrid_blocks": hybrid_blocks,
@@ -143,7 +149,8 @@ def summarize(runs: list[dict], methods: tuple[str, ...]) -> dict:
     """Each method's tokens/s over the runs (total tokens over total seconds), its ratio to off, and the hybrid's
     ratio to each other method run beside it and to the better of model and suffix (where both ran). Run with one of
     them at a time (where two stacks are all that fit), the hybrid's ratio to the better is the smaller of its ratios
-    to each, each from one run. model-twin: its ratio to model, two identical stacks apart."""
+    to each, each from one run. model-twin: its ratio to model, two identical stacks apart. Each such ratio also as
+    `<name>_interval`: the geometric mean of its per-prompt (and per-pass) ratios, with their 95% interval."""
     summary = {}
     for method in ("off", *methods):
         mine = [r for r in runs if r["method"] == method]
@@ -154,12 +161,22 @@ def summarize(runs: list[dict], methods: tuple[str, ...]) -> dict:
     for hybrid in [m for m in methods if m.startswith("hybrid")]:
         for other in [m for m in methods if m != hybrid]:
             summary[hybrid][f"vs_{other}"] = round(summary[hybrid]["tok_s"] / summary[other]["tok_s"], 3)
+            summary[hybrid][f"vs_{other}_interval"] = paired_ratio(runs, hybrid, other)
         if {"model", "suffix"} <= set(methods):
-            better = max(summary["model"]["tok_s"], summary["suffix"]["tok_s"])
-            summary[hybrid]["vs_better"] = round(summary[hybrid]["tok_s"] / better, 3)
+            better = max(("model", "suffix"), key=lambda m: summary[m]["tok_s"])
+            summary[hybrid]["vs_better"] = round(summary[hybrid]["tok_s"] / summary[better]["tok_s"], 3)
+            summary[hybrid]["vs_better_interval"] = paired_ratio(runs, hybrid, better)
     if {"model", "model-twin"} <= set(methods):
         summary["model-twin"]["vs_model"] = round(summary["model-twin"]["tok_s"] / summary["model"]["tok_s"], 3)
+        summary["model-twin"]["vs_model_interval"] = paired_ratio(runs, "model-twin", "model")
     return summary
+
+
+def paired_ratio(runs: list[dict], a: str, b: str) -> dict | None:
+    """Method a's speed over b's, per prompt and pass where both ran: their geometric mean and 95% interval."""
+    speeds = {(r["prompt"], r.get("pass", 0), r["method"]): len(r["tokens"]) / r["seconds"] for r in runs}
+    return ratio_interval([(speed, speeds[(prompt, run_pass, b)]) for (prompt, run_pass, method), speed in speeds.items()
+                           if method == a and (prompt, run_pass, b) in speeds])
 
 
 def warm_summary(runs: list[dict], methods: tuple[str, ...], first_prompt: str) -> dict:

@@ -1,5 +1,7 @@
 """tools.hybrid_check's summaries (the tool itself runs the real pair by hand)."""
 
+import pytest
+
 from tools.hybrid_check import warm_summary
 
 
@@ -31,3 +33,21 @@ def test_a_twin_of_the_model_stack_gives_the_runs_own_spread():
             row("chat", "a", "model-twin", 10, 2.5), row("chat", "a", "hybrid", 10, 2.2)]
     summary = summarize(runs, ("model", "hybrid", "model-twin"))
     assert summary["model-twin"]["vs_model"] == 0.8 and summary["hybrid"]["vs_model"] == round(2.0 / 2.2, 3)
+
+
+def test_each_ratio_comes_with_the_interval_its_prompts_give():
+    """Per prompt the hybrid ran at 1.0, 1.25 and 0.8 of the model (the better side), in each of two passes: the
+    summed ratio alone reads as a result; the interval of these 6 pairs (each pass pairs apart) holds both 0.9 and
+    1.1."""
+    from tools.hybrid_check import summarize
+
+    runs = []
+    for prompt, hybrid_s in (("a", 2.0), ("b", 1.6), ("c", 2.5)):
+        for run_pass in (0, 1):
+            runs += [dict(row("code", prompt, "off", 10, 4.0), **{"pass": run_pass}),
+                     dict(row("code", prompt, "model", 10, 2.0), **{"pass": run_pass}),
+                     dict(row("code", prompt, "suffix", 10, 3.0), **{"pass": run_pass}),
+                     dict(row("code", prompt, "hybrid", 10, hybrid_s), **{"pass": run_pass})]
+    interval = summarize(runs, ("model", "suffix", "hybrid"))["hybrid"]["vs_better_interval"]
+    assert interval["pairs"] == 6 and interval["ratio"] == pytest.approx(1.0, abs=1e-3)
+    assert interval["low"] < 0.9 and interval["high"] > 1.1
