@@ -1,9 +1,9 @@
 """A ratio of two methods' speeds with its 95% interval, from paired runs (the same prompt, the same pass).
 
-On the 2-core machines this project is measured on, two identical stacks run side by side gave 0.76-1.52 of each
-other's speed on single prompts (docs/results/pair-claims.md, run 26): a ratio summed over three prompts cannot tell
-0.97 from 1.1. So the ratio is quoted with the interval its pairs give: the geometric mean of the per-pair ratios,
-and Student's t interval of their logs.
+On the 2-core machines this project is measured on, two identical stacks run side by side differ on single prompts
+by more than most of the differences a benchmark looks for (docs/results/pair-claims.md, run 26), so a ratio summed
+over a few prompts reads as a result it is not. The ratio is quoted with the interval its pairs give: the geometric
+mean of the per-pair ratios, and Student's t interval of their logs.
 """
 
 from __future__ import annotations
