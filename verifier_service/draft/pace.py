@@ -11,7 +11,8 @@ time then fails every round, and the draft is never used. So the wait follows th
   later block look dear: the policy prices block sizes not yet timed by this pace). Before any block
   was timed, a first round's whole time is the opening's. Per token read as well (`read_s`), so that
   the verifier can tell what reading a given sequence will cost a draft that has not read it yet (the
-  hybrid's model: `SpeculationPolicy.model_read_pays`);
+  hybrid's model: `SpeculationPolicy.model_read_pays`). Until a block was timed, the policy asks for the configured
+  k (`SpeculationPolicy.block_size`), not for a block priced as if drafting were free;
 - a round that timed out is evidence too: the draft takes longer than that round waited, so the
   estimate grows to GROW times the wait (and the next round waits SLACK times that);
 - the round's wait is SLACK times the prediction, at least --draft-timeout-ms (the floor) and at most

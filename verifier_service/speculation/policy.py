@@ -524,6 +524,10 @@ class SpeculationPolicy:
             if k == 0 and not hopeless:  # off only if still so half a standard error higher
                 alpha = self.alpha_upper()
                 k = self.best_k(optimistic, alpha=alpha)
+            if k > self.k and not self.draft_sizes_blocks and pace is not None and pace.predicted(k) is None:
+                # a draft none of whose blocks was timed is asked for the configured k: priced as if drafting were free,
+                # a model draft was asked for max_k, took longer than the floor's wait, timed out, and was asked again
+                k = self.k
             if k and batch is not None:
                 step_k = self.best_k(batch.times(self.max_k), batch.other_tokens, alpha=alpha)
                 if step_k == 0:
@@ -672,11 +676,17 @@ class SpeculationPolicy:
         forward's times plus a plain round's overhead beyond its forward, with the acceptance of blocks matched as
         far); the model block's is its tokens over its whole cost, the draft's time included (`_model_block_rate`);
         max_k + 1 where no match pays more. A match counts with the chained tokens that follow it up to max_k, once
-        chained tokens have been judged (`RoundCost.chained`). 0 (the draft's own rule) without priced_threshold,
-        where the policy did not choose k (a fixed k, a retry), before a forward was timed, or before the server has
+        chained tokens have been judged (`RoundCost.chained`). In a retry of the model's blocks (after a cool-down),
+        with either rule, max_k + 1: the model answers it. 0 (the draft's own rule) without priced_threshold,
+        where the policy did not choose k (a fixed k), before a forward was timed, or before the server has
         judged PRICED_AFTER_JUDGED matched tokens of such blocks: priced on the prior and a warm-up's one rejected
         token, with no chained token judged, no match beat the model, so none was verified and the price was never
         learnt. pace: the draft's measured answer time by block size (`verifier_service.draft.pace.DraftPace`)."""
+        if k > 0 and self.probing and not sized_only:
+            # a retry is there to re-time the model's blocks: answered by the suffix side, it taught nothing, and a
+            # model turned off on a few dear rounds stayed off for the rest of the request (chat: every retry's k of 1
+            # went to a 1-token match, rejected, and the cool-downs doubled)
+            return self.max_k + 1
         if not self.priced_threshold or k <= 0:
             return 0
         if sized_only:

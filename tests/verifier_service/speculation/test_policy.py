@@ -2,6 +2,7 @@
 
 import pytest
 
+from verifier_service.draft.pace import DraftPace
 from verifier_service.speculation.policy import (
     COOLDOWN_ROUNDS,
     DECAY,
@@ -78,6 +79,20 @@ def test_acceptance_of_this_request_overrides_the_server_prior():
 def test_k_never_passes_max_tokens():
     policy = SpeculationPolicy(default_k=8, max_k=16, cost=cost_of(0.05, 0.001, acceptance=0.95))
     assert policy.block_size(remaining_tokens=3, remaining_context=1000) == 2
+
+
+def test_a_draft_none_of_whose_blocks_was_timed_is_asked_for_the_configured_k():
+    """Verification nearly flat and acceptance high: priced as if drafting were free, k is the largest. A model draft
+    whose answer time is not known yet (its pace holds at most an opening) is asked for the configured k, which
+    arrives within the floor's wait and is timed; once a block was timed, the pace prices every size."""
+    cost = cost_of(0.05, 0.001, acceptance=0.95)
+    pace = DraftPace()
+    assert SpeculationPolicy(default_k=4, max_k=16, cost=cost).block_size(1000, 1000, pace=None) == 16
+    assert SpeculationPolicy(default_k=4, max_k=16, cost=cost).block_size(1000, 1000, pace=pace) == 4
+    pace.observe(4, 1.5, opening=True, read_tokens=300)  # a first round: all of it the opening's
+    assert SpeculationPolicy(default_k=4, max_k=16, cost=cost).block_size(1000, 1000, pace=pace) == 4
+    pace.observe(4, 0.004)  # a fast draft, timed
+    assert SpeculationPolicy(default_k=4, max_k=16, cost=cost).block_size(1000, 1000, pace=pace) > 4
 
 
 def test_speculation_turns_off_under_load_and_back_on():
@@ -630,6 +645,20 @@ def test_a_retry_the_hybrids_suffix_side_answered_is_over():
     policy.observe(1, 1, 0.1, asked_k=1, sized=True)
     assert not policy.probing and policy.acceptance.judged == 0.0
     assert policy.block_size(1000, 1000) == 0 and policy.off_reason == "not_paying" and policy.cooldown > 0
+
+
+def test_a_retry_of_the_hybrids_model_is_answered_by_the_model_under_either_rule():
+    """After a cool-down the policy retries the model's blocks (k = 1): with the draft's rule (any match answers) the
+    suffix side took every such retry, so the model was never re-timed and stayed off for the whole request. The
+    retry now asks the model to answer (min_sized past any block: max_k + 1); other rounds keep each rule's own."""
+    for priced in (False, True):
+        policy = hybrid_policy({0: 0.1, 1: 0.5, 2: 0.9, 4: 1.7, 8: 3.3}, {}, priced=priced)
+        assert policy.block_size(1000, 1000) == 0 and policy.off_reason == "not_paying"
+        for _ in range(policy.cooldown):
+            policy.block_size(1000, 1000)
+        k = policy.block_size(1000, 1000)
+        assert policy.probing and k == 1 and policy.min_sized(k) == policy.max_k + 1
+        assert policy.min_sized(k, sized_only=True) == (1 if priced else 0)
 
 
 def test_only_blocks_the_draft_sized_file_evidence_by_their_length():
