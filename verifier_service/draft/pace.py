@@ -5,7 +5,10 @@ time then fails every round, and the draft is never used. So the wait follows th
 - the draft's answer time is learnt server-wide for each block size asked (k), from rounds that waited
   for their answer; a size not asked yet is predicted from the nearest ones, never cheaper than a
   smaller size nor cheaper per token than a larger one (a draft's block costs a fixed part plus a
-  part per token, so both bounds hold);
+  part per token, so both bounds hold). Below the smallest size timed, only the second bound holds,
+  and it is the one taken: priced at that size's whole cost, a smaller block was never asked, so
+  never timed, and a draft first timed at k = 4 was asked for 4 in every round of a request whose
+  blocks were mostly rejected, where a block of 1 cost a quarter of the draft's time;
 - the first round of a stream also waits while the draft reads the prompt: its extra time is learnt
   apart (`opening`), so that one long prompt does not make every later round wait longer (or every
   later block look dear: the policy prices block sizes not yet timed by this pace). Before any block
@@ -50,8 +53,8 @@ class DraftPace:
                 known[below] + (known[above] - known[below]) * (k - below) / (above - below)
         elif below is not None:  # past the largest size timed: at its cost per token
             t = known[below] * k / below
-        else:  # before the smallest: at its cost
-            t = known[above]
+        else:  # before the smallest: at its cost per token, the least it can cost (module docstring)
+            t = known[above] * k / above
         return t + (self.opening.value or 0.0 if opening else 0.0)
 
     def read_s(self, tokens: int) -> float | None:

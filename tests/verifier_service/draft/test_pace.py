@@ -34,7 +34,7 @@ def test_a_size_not_timed_is_predicted_no_cheaper_than_its_neighbours():
     assert pace.predicted(4) is None and pace.wait_s(4, floor_s=1.0, cap_s=10.0) == 1.0  # unmeasured: the floor
     pace.observe(2, 0.4)
     pace.observe(4, 0.6)
-    assert pace.predicted(1) == pytest.approx(0.4)  # below the smallest size timed: its cost (a fixed part)
+    assert pace.predicted(1) == pytest.approx(0.2)  # below the smallest size timed: its cost per token
     assert pace.predicted(3) == pytest.approx(0.5)  # between: linear
     assert pace.predicted(8) == pytest.approx(1.2)  # past the largest: its cost per token
 
@@ -124,6 +124,21 @@ def test_the_policy_does_not_ask_for_a_block_that_cannot_arrive_in_time():
     pace.observe(4, 4.4)  # slower per token than the target: no block past the one timed pays (not even to try)
     assert SpeculationPolicy(4, 8, cost=cost).block_size(100, 100, pace=pace) == 1
     assert SpeculationPolicy(4, 8, cost=cost).block_size(100, 100) == 8, "without the pace, blocks look nearly free"
+
+
+def test_a_draft_timed_at_one_size_is_asked_for_a_smaller_block_where_that_pays():
+    """The draft was timed at k = 4 only (0.35 s, the target's plain step 0.2 s) and half its tokens are accepted.
+    Priced at that block's whole cost, a smaller one never looked cheaper, so it was never asked and never timed:
+    every round asked for 4. At its cost per token, a block of 1 or 2 is asked, and timed."""
+    cost = RoundCost()
+    for _ in range(4):
+        cost.observe(0, 0, 0.2)
+        cost.observe(4, 1, 0.57)
+    for _ in range(10):
+        cost.acceptance[True].add(10, 5)
+    pace = DraftPace()
+    pace.observe(4, 0.35)
+    assert 1 <= SpeculationPolicy(4, 8, cost=cost).block_size(100, 100, pace=pace) < 4
 
 
 # --- the round loop against a slow in-process draft ----------------------------------------------------------
