@@ -6,16 +6,15 @@ time then fails every round, and the draft is never used. So the wait follows th
   for their answer; a size not asked yet is predicted from the nearest ones, never cheaper than a
   smaller size nor cheaper per token than a larger one (a draft's block costs a fixed part plus a
   part per token, so both bounds hold). Below the smallest size timed, only the second bound holds,
-  and it is the one taken: priced at that size's whole cost, a smaller block was never asked, so
-  never timed, and a draft first timed at k = 4 was asked for 4 in every round of a request whose
-  blocks were mostly rejected, where a block of 1 cost a quarter of the draft's time;
+  and it is the one taken: priced at that size's whole cost, a smaller block never looked cheaper,
+  so it was never asked and never timed. Until any block was timed, the policy asks for the
+  configured k (`SpeculationPolicy.block_size`), not for a block priced as if drafting were free;
 - the first round of a stream also waits while the draft reads the prompt: its extra time is learnt
   apart (`opening`), so that one long prompt does not make every later round wait longer (or every
   later block look dear: the policy prices block sizes not yet timed by this pace). Before any block
   was timed, a first round's whole time is the opening's. Per token read as well (`read_s`), so that
   the verifier can tell what reading a given sequence will cost a draft that has not read it yet (the
-  hybrid's model: `SpeculationPolicy.model_read_pays`). Until a block was timed, the policy asks for the configured
-  k (`SpeculationPolicy.block_size`), not for a block priced as if drafting were free;
+  hybrid's model: `SpeculationPolicy.model_read_pays`);
 - a round that timed out is evidence too: the draft takes longer than that round waited, so the
   estimate grows to GROW times the wait (and the next round waits SLACK times that);
 - the round's wait is SLACK times the prediction, at least --draft-timeout-ms (the floor) and at most
