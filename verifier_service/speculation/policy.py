@@ -68,7 +68,10 @@ verifies k draft tokens (forward pass, draft wait, transport), k = 0 being a pla
   always waited for (`step_while_drafting`): a round may ask for its block and decode a plain step
   meanwhile, and the next round verifies the block after the step's token if the draft guessed it; a retry
   whose first token the step showed wrong is over (`observe_first_token`). The round trip then overlaps a
-  step that emits a token anyway, instead of being paid for a block that may bring nothing.
+  step that emits a token anyway, instead of being paid for a block that may bring nothing. Stepping is
+  priced at what a step beside the drafting draft was measured to take until its block came
+  (`RoundCost.stepping`): where the two share cores, each slows the other, and the round waits instead.
+  Such a step is not a plain step's price (neither its round time nor its forward is learnt as one).
 Every choice is lossless: k only changes how fast tokens arrive. `python -m bench policy-sim`
 replays the policy over the target's known greedy outputs of the shipped workloads, against
 every fixed k, in seconds; the replays behind each rule are in docs/design.md ("The evidence
@@ -121,13 +124,16 @@ def with_draft_pace(cost: RoundCost, times: list[float] | None, pace: typing.Any
     return adjusted
 
 
-def waiting_and_stepping(alpha: float, k: int, plain_s: float, round_s: float, wait_s: float) -> tuple[float, float]:
+def waiting_and_stepping(alpha: float, k: int, plain_s: float, round_s: float, wait_s: float,
+                         slowdown: float = 1.0) -> tuple[float, float]:
     """Expected tokens per second of a block of k accepted at alpha a token, two ways: waiting for the draft's answer
     (a round of round_s, its wait_s included), and a plain step of plain_s meanwhile followed by the block's round,
-    reached with probability alpha (a draft slower than the step is waited for, for the rest of its time)."""
+    reached with probability alpha (a draft slower than the step is waited for, for the rest of its time). slowdown:
+    how much longer the step and the draft take side by side than the longer of the two alone (`RoundCost.stepping`:
+    1 where the draft has cores of its own, more where the two share them)."""
     tokens = expected_tokens(alpha, k)
     waiting = tokens / round_s
-    stepping = (1 + alpha * tokens) / (max(plain_s, wait_s) + alpha * max(round_s - wait_s, plain_s))
+    stepping = (1 + alpha * tokens) / (max(plain_s, wait_s) * slowdown + alpha * max(round_s - wait_s, plain_s))
     return waiting, stepping
 
 
@@ -260,6 +266,9 @@ class RoundCost:
         self.wait = Ewma()  # what a round that asked the draft waited for its answer (round trip + drafting)
         self.forward: dict[int, Ewma] = {}  # the target's forward pass alone, by verified draft tokens
         self.plain_share = PlainShare(SERVER_DECAY)  # of a hybrid's tokens before its model was asked, server-wide
+        # a plain step decoded while the draft drafted, from the ask to the block's answer, over the longer of a plain
+        # step and the draft's wait: 1 where the two run on cores of their own, more where they share them
+        self.stepping = Ewma()
 
     def observe_forward(self, num_draft_tokens: int, forward_s: float) -> None:
         if forward_s > 0:
@@ -307,6 +316,19 @@ class RoundCost:
 
     def observe_wait(self, wait_s: float) -> None:
         self.wait.add(wait_s)
+
+    def observe_stepping(self, ready_s: float) -> None:
+        """A block asked during a plain step: from its ask to its answer (or to giving up on it), against what
+        `waiting_and_stepping` priced that at, the longer of a plain step and the draft's wait."""
+        plain = self.seconds.get(0)
+        if plain is None or plain.value is None or self.wait.value is None or ready_s <= 0:
+            return
+        self.stepping.add(ready_s / max(plain.value, self.wait.value))
+
+    def stepping_slowdown(self) -> float:
+        """How much longer a step and the draft take side by side than the longer of the two alone: 1 until a block
+        asked during a plain step was timed."""
+        return max(self.stepping.value or 1.0, 1.0)
 
     def line(self, drafted_only: bool = False) -> tuple[float, float] | None:
         """(a, b) with T(k) = a + b k fitted to the measured block sizes (only k >= 1 when drafted_only),
@@ -566,15 +588,17 @@ class SpeculationPolicy:
         return max(0, min(self.max_k, remaining_tokens - 1, remaining_context - 1))
 
     @staticmethod
-    def _model_block_rate(k: int, alpha: float, times: list[float], verify_s: float, draft_s: float | None) -> float:
+    def _model_block_rate(k: int, alpha: float, times: list[float], verify_s: float, draft_s: float | None,
+                          slowdown: float = 1.0) -> float:
         """Expected tokens per second of a model block of k: its round's measured time times[k] where the draft's
         answer time draft_s is not known; else the better of waiting for it (verify_s + draft_s) and of a plain step
         meanwhile followed by the block's round (`step_while_drafting`). A block drafted ahead or asked during the
         plain step before arrives at once, so its round's measured time holds little or none of the draft's: priced
-        on that alone, a dear model side looked cheaper than a free suffix block."""
+        on that alone, a dear model side looked cheaper than a free suffix block. slowdown:
+        `RoundCost.stepping_slowdown`."""
         if draft_s is None:
             return expected_tokens(alpha, k) / times[k]
-        return max(waiting_and_stepping(alpha, k, times[0], verify_s + draft_s, draft_s))
+        return max(waiting_and_stepping(alpha, k, times[0], verify_s + draft_s, draft_s, slowdown))
 
     def draft_wait_cap(self, k: int) -> float | None:
         """The longest wait for a block of k that could still pay: k plain steps (a round that waits W and verifies
@@ -601,7 +625,7 @@ class SpeculationPolicy:
             return False
         k = min(k, self.max_k)
         alpha = min(self.alpha(), 0.999)
-        waiting, stepping = waiting_and_stepping(alpha, k, times[0], times[k], wait)
+        waiting, stepping = waiting_and_stepping(alpha, k, times[0], times[k], wait, self.cost.stepping_slowdown())
         return stepping > waiting
 
     def observe_first_token(self, accepted: bool) -> None:
@@ -700,7 +724,8 @@ class SpeculationPolicy:
         alpha = min(self.alpha() if self.cut_alpha is None else self.cut_alpha, 0.999)
         overhead = max(times[0] - forward[0], 0.0)  # a round's sampling, bookkeeping and transport
         model_rate = self._model_block_rate(k, alpha, times, forward[k] + overhead,
-                                            pace.predicted(k) if pace is not None else None)
+                                            pace.predicted(k) if pace is not None else None,
+                                            self.cost.stepping_slowdown())
         sized_times = [t + overhead for t in forward]
         # such a block goes on past its match with chained tokens (the suffix side drafts up to the longest block it
         # may), worth what chained tokens have been accepted at; priced on its match alone, a 1-token match looked

@@ -259,7 +259,10 @@ class RequestSpeculation:
             if round_.fallback:
                 self.stats.num_fallback_rounds += 1
                 metrics.FALLBACK_ROUNDS.labels(reason=round_.fallback).inc()
-        seconds = 0.0 if round_.shared else round_.seconds  # a shared step's time is for StepCost, not RoundCost
+        # a shared step's time is for StepCost, not RoundCost; a step decoded while the draft drafted is not a plain
+        # step's price where the two share cores: it is timed with the block it waited for (`RoundCost.stepping`)
+        stepped = round_.fallback == "stepped"
+        seconds = 0.0 if round_.shared or stepped else round_.seconds
         # this round's ask; reset, for the vLLM engine records a step's round before it asks for the next block
         asked_k, self.asked_k = self.asked_k, 0
         reading = self.opening and round_.fallback == "timeout"  # the stream is kept: its answer comes later
@@ -283,6 +286,8 @@ class RequestSpeculation:
                 self.draft.link.pace.timed_out(prefetched_k, prefetch_s)
             elif not sized:
                 self.draft.link.pace.observe(prefetched_k, prefetch_s)
+            if not sized:  # what stepping while the model drafts costs, against what it was priced at
+                self.policy.cost.observe_stepping(prefetch_s)
         if not round_.num_draft_tokens and round_.fallback in DRAFT_GAVE_NOTHING and asked_k and not reading:
             self.policy.observe(asked_k, 0, seconds)  # drafting's price, not a plain step's
         elif not round_.num_draft_tokens and (asked_k or self.sized_only):
@@ -302,7 +307,7 @@ class RequestSpeculation:
                                            not round_.num_draft_tokens and round_.fallback != "weak_draft")
         if round_.forward_s is not None:
             metrics.VERIFY_FORWARD_TIME.observe(round_.forward_s)
-            if not round_.shared:
+            if not round_.shared and not stepped:
                 self.policy.cost.observe_forward(round_.num_draft_tokens, round_.forward_s)
         if round_.draft_wait_s is not None:
             metrics.DRAFT_WAIT_TIME.observe(round_.draft_wait_s)

@@ -523,6 +523,23 @@ def test_a_far_draft_is_asked_during_a_plain_step_when_waiting_for_it_costs_more
     assert policy.step_while_drafting(4) is steps
 
 
+@pytest.mark.parametrize("ready_s, steps", [
+    (0.10, True),  # the block was ready when the step ended, as priced: stepping pays, as above
+    (0.16, False),  # step and draft took 1.6 times that side by side (they share cores): 1.43 tokens in 0.205 s
+])
+def test_a_far_draft_is_waited_for_where_stepping_beside_it_was_measured_to_slow_both(ready_s, steps):
+    """The far draft above, 30% accepted (stepping priced at 1.43 tokens in 0.145 s against waiting's 1.43 in 0.18
+    s): a block asked during a plain step took ready_s from its ask to its answer, against the 0.1 s priced (the
+    longer of the plain step and the draft's 0.03 s wait). Where the step and the draft slow each other, the round
+    waits (`RoundCost.stepping`); where they do not, it still steps."""
+    cost = cost_of(0.1, 0.02, acceptance=0.3)
+    cost.observe_wait(0.03)
+    cost.observe_stepping(ready_s)
+    assert cost.stepping_slowdown() == pytest.approx(ready_s / 0.1)
+    policy = SpeculationPolicy(4, 8, cost=cost)
+    assert policy.step_while_drafting(4) is steps
+
+
 def test_a_prefetched_block_whose_first_token_was_wrong_ends_a_retry_and_is_not_counted_as_rejected():
     """The plain step judged the block's first token for free: a retry it failed is over, but the acceptance the
     verified blocks give is kept as it is (the step is a filter, not a drafted round)."""
