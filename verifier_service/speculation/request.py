@@ -299,10 +299,13 @@ class RequestSpeculation:
         else:
             self.policy.observe(round_.num_draft_tokens, round_.num_accepted, seconds, asked_k=asked_k,
                                 num_chained=chained, num_forced=forced, sized=self.block.sized_by_draft)
-        if self.draft is not None and self.draft.link.sizes_some_blocks and not self.asked_model:
+        hybrid_unread = self.draft is not None and self.draft.link.sizes_some_blocks and not self.asked_model
+        if hybrid_unread and not self.policy.fixed:
             # the hybrid's model has not drafted yet: what its free side's rounds bring, against which its read is
             # priced. A round whose block was cut as too weak is not one the model would draft: the free side's match
-            # answers it (by the draft's rule, any match)
+            # answers it (by the draft's rule, any match). Only where the policy chooses k, as only there the read is
+            # weighed: a request with speculation off (k = 0) asks the free side nothing, and its plain steps, tallied,
+            # made the model's read look worth it to every request after it
             self.policy.observe_free_round(round_.num_accepted + 1,
                                            not round_.num_draft_tokens and round_.fallback != "weak_draft")
         if round_.forward_s is not None:

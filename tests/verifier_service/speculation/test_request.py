@@ -456,6 +456,38 @@ def test_the_hybrids_model_is_not_asked_where_reading_the_sequence_costs_more_th
     asyncio.run(asyncio.wait_for(scenario(), 60))
 
 
+def test_a_request_with_speculation_off_does_not_teach_the_hybrid_what_its_free_side_brings(tiny_pair):
+    """A request that turned speculation off (k = 0) on a hybrid stack decodes plain steps and asks the free side
+    nothing: its rounds are not the free side's tally (`RoundCost.plain_share`), which prices the model's read for
+    the requests that choose k. Tallied, every such step counted as a round the free side had nothing for, and a
+    benchmark's plain runs on the hybrid's stack made the model's read look worth it on extraction."""
+    from specdec.modeling.models import load_causal_lm
+    from tests.draft_service.test_hybrid import REPEATED, UNSEEN
+    from tests.verifier_service.speculation.test_policy import cost_of
+    from verifier_service.draft.pace import DraftPace
+
+    model = load_causal_lm(str(tiny_pair[1]))
+    tokens = REPEATED + [UNSEEN]
+
+    async def scenario():
+        async with hybrid_link(model) as link:
+            link.pace = DraftPace()  # the model's read is dear: the adaptive request asks its free side alone
+            link.pace.observe(4, 0.04)
+            link.pace.observe(4, 10.04, opening=True, read_tokens=100)
+            cost = cost_of(0.1, 0.01, acceptance=0.8)
+            for requested_k, tallied in ((0, 0), (None, 1)):
+                policy = SpeculationPolicy(4, 16, requested_k, cost=cost)
+                speculation = RequestSpeculation(policy, link.session(str(requested_k), SamplingParams()))
+                k = speculation.block_size(40, 1000, context_length=len(tokens))
+                block, reason = await speculation.propose(tokens, k)
+                speculation.record(Round(len(block.token_ids), 0, 0.12, draft_wait_s=0.01, forward_s=0.1,
+                                         fallback=reason))
+                assert (policy.plain_share.tokens, cost.plain_share.tokens) == (tallied, tallied)
+                speculation.close(None)
+
+    asyncio.run(asyncio.wait_for(scenario(), 60))
+
+
 def test_a_hybrids_first_model_ask_that_times_out_keeps_the_stream_and_takes_the_answer_when_it_comes(tiny_pair):
     """A sized-only ask opened the hybrid's stream; the model's first ask then times out (it reads the sequence
     first). The stream is kept and the draft reads on ("timeout", then plain steps while reading): ended, as an
