@@ -320,10 +320,10 @@ class RoundCost:
     def observe_stepping(self, ready_s: float) -> None:
         """A block asked during a plain step: from its ask to its answer (or to giving up on it), against what
         `waiting_and_stepping` priced that at, the longer of a plain step and the draft's wait."""
-        plain = self.seconds.get(0)
-        if plain is None or plain.value is None or self.wait.value is None or ready_s <= 0:
+        plain = self.time(0)  # the plain step as `step_while_drafting` prices it
+        if plain is None or self.wait.value is None or ready_s <= 0:
             return
-        self.stepping.add(ready_s / max(plain.value, self.wait.value))
+        self.stepping.add(ready_s / max(plain, self.wait.value))
 
     def stepping_slowdown(self) -> float:
         """How much longer a step and the draft take side by side than the longer of the two alone: 1 until a block
