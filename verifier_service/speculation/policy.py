@@ -69,8 +69,8 @@ verifies k draft tokens (forward pass, draft wait, transport), k = 0 being a pla
   meanwhile, and the next round verifies the block after the step's token if the draft guessed it; a retry
   whose first token the step showed wrong is over (`observe_first_token`). The round trip then overlaps a
   step that emits a token anyway, instead of being paid for a block that may bring nothing. Stepping is
-  priced at what a step beside the drafting draft was measured to take until its block came
-  (`RoundCost.stepping`): where the two share cores, each slows the other, and the round waits instead.
+  priced at what a block of that size, asked during a step, was measured to take from its ask to its answer
+  (`RoundCost.ready_time`): where the two share cores, each slows the other, and the round waits instead.
   Such a step is not a plain step's price (neither its round time nor its forward is learnt as one).
 Every choice is lossless: k only changes how fast tokens arrive. `python -m bench policy-sim`
 replays the policy over the target's known greedy outputs of the shipped workloads, against
@@ -125,15 +125,17 @@ def with_draft_pace(cost: RoundCost, times: list[float] | None, pace: typing.Any
 
 
 def waiting_and_stepping(alpha: float, k: int, plain_s: float, round_s: float, wait_s: float,
-                         slowdown: float = 1.0) -> tuple[float, float]:
+                         ready_s: float | None = None) -> tuple[float, float]:
     """Expected tokens per second of a block of k accepted at alpha a token, two ways: waiting for the draft's answer
     (a round of round_s, its wait_s included), and a plain step of plain_s meanwhile followed by the block's round,
-    reached with probability alpha (a draft slower than the step is waited for, for the rest of its time). slowdown:
-    how much longer the step and the draft take side by side than the longer of the two alone (`RoundCost.stepping`:
-    1 where the draft has cores of its own, more where the two share them)."""
+    reached with probability alpha (a draft slower than the step is waited for, for the rest of its time). ready_s:
+    the time from such a block's ask to its answer, the step decoded meanwhile, as measured (`RoundCost.ready_time`);
+    None: the longer of the step and the draft's wait alone, as where the draft has cores of its own (where the two
+    share cores, each slows the other)."""
     tokens = expected_tokens(alpha, k)
     waiting = tokens / round_s
-    stepping = (1 + alpha * tokens) / (max(plain_s, wait_s) * slowdown + alpha * max(round_s - wait_s, plain_s))
+    ready_s = max(plain_s, wait_s) if ready_s is None else max(plain_s, ready_s)
+    stepping = (1 + alpha * tokens) / (ready_s + alpha * max(round_s - wait_s, plain_s))
     return waiting, stepping
 
 
@@ -266,9 +268,9 @@ class RoundCost:
         self.wait = Ewma()  # what a round that asked the draft waited for its answer (round trip + drafting)
         self.forward: dict[int, Ewma] = {}  # the target's forward pass alone, by verified draft tokens
         self.plain_share = PlainShare(SERVER_DECAY)  # of a hybrid's tokens before its model was asked, server-wide
-        # a plain step decoded while the draft drafted, from the ask to the block's answer, over the longer of a plain
-        # step and the draft's wait: 1 where the two run on cores of their own, more where they share them
-        self.stepping = Ewma()
+        # a block asked during a plain step (decoded while the draft drafted it), from its ask to its answer, by the
+        # tokens asked: where the two share cores, longer than either alone
+        self.ready: dict[int, Ewma] = {}
 
     def observe_forward(self, num_draft_tokens: int, forward_s: float) -> None:
         if forward_s > 0:
@@ -317,18 +319,23 @@ class RoundCost:
     def observe_wait(self, wait_s: float) -> None:
         self.wait.add(wait_s)
 
-    def observe_stepping(self, ready_s: float) -> None:
-        """A block asked during a plain step: from its ask to its answer (or to giving up on it), against what
-        `waiting_and_stepping` priced that at, the longer of a plain step and the draft's wait."""
-        plain = self.time(0)  # the plain step as `step_while_drafting` prices it
-        if plain is None or self.wait.value is None or ready_s <= 0:
-            return
-        self.stepping.add(ready_s / max(plain, self.wait.value))
+    def observe_ready(self, asked: int, ready_s: float) -> None:
+        """A block of `asked` tokens asked during a plain step: the time from its ask to its answer (or to giving up
+        on it)."""
+        if asked > 0 and ready_s > 0:
+            self.ready.setdefault(asked, Ewma()).add(ready_s)
 
-    def stepping_slowdown(self) -> float:
-        """How much longer a step and the draft take side by side than the longer of the two alone: 1 until a block
-        asked during a plain step was timed."""
-        return max(self.stepping.value or 1.0, 1.0)
+    def ready_time(self, asked: int) -> float | None:
+        """The time from the ask to the answer of a block of `asked` tokens asked during a plain step, as measured at
+        that size, else linear between the sizes measured and along their fitted line beyond; None before any was
+        timed. Priced per size, not as a ratio over the draft's average wait: a step beside a drafting model took
+        about as long whatever the wait averaged over the block sizes asked meanwhile, and a ratio over that average,
+        itself an average, lagged it as k moved."""
+        timed = {n: e.value for n, e in self.ready.items() if e.value is not None}
+        if not timed or asked <= 0:
+            return None
+        _, slope = fitted_line(sorted(timed.items()))
+        return max(along(timed, asked, slope), 1e-9)
 
     def line(self, drafted_only: bool = False) -> tuple[float, float] | None:
         """(a, b) with T(k) = a + b k fitted to the measured block sizes (only k >= 1 when drafted_only),
@@ -589,16 +596,16 @@ class SpeculationPolicy:
 
     @staticmethod
     def _model_block_rate(k: int, alpha: float, times: list[float], verify_s: float, draft_s: float | None,
-                          slowdown: float = 1.0) -> float:
+                          ready_s: float | None = None) -> float:
         """Expected tokens per second of a model block of k: its round's measured time times[k] where the draft's
         answer time draft_s is not known; else the better of waiting for it (verify_s + draft_s) and of a plain step
         meanwhile followed by the block's round (`step_while_drafting`). A block drafted ahead or asked during the
         plain step before arrives at once, so its round's measured time holds little or none of the draft's: priced
-        on that alone, a dear model side looked cheaper than a free suffix block. slowdown:
-        `RoundCost.stepping_slowdown`."""
+        on that alone, a dear model side looked cheaper than a free suffix block. ready_s: the measured time from the
+        ask to the answer of such a block asked during a plain step (`RoundCost.ready_time`; None: not timed)."""
         if draft_s is None:
             return expected_tokens(alpha, k) / times[k]
-        return max(waiting_and_stepping(alpha, k, times[0], verify_s + draft_s, draft_s, slowdown))
+        return max(waiting_and_stepping(alpha, k, times[0], verify_s + draft_s, draft_s, ready_s))
 
     def draft_wait_cap(self, k: int) -> float | None:
         """The longest wait for a block of k that could still pay: k plain steps (a round that waits W and verifies
@@ -625,7 +632,8 @@ class SpeculationPolicy:
             return False
         k = min(k, self.max_k)
         alpha = min(self.alpha(), 0.999)
-        waiting, stepping = waiting_and_stepping(alpha, k, times[0], times[k], wait, self.cost.stepping_slowdown())
+        # the step's block is asked one token longer (`DraftSession.prefetch`): k after the step's token
+        waiting, stepping = waiting_and_stepping(alpha, k, times[0], times[k], wait, self.cost.ready_time(k + 1))
         return stepping > waiting
 
     def observe_first_token(self, accepted: bool) -> None:
@@ -725,7 +733,7 @@ class SpeculationPolicy:
         overhead = max(times[0] - forward[0], 0.0)  # a round's sampling, bookkeeping and transport
         model_rate = self._model_block_rate(k, alpha, times, forward[k] + overhead,
                                             pace.predicted(k) if pace is not None else None,
-                                            self.cost.stepping_slowdown())
+                                            self.cost.ready_time(k + 1))
         sized_times = [t + overhead for t in forward]
         # such a block goes on past its match with chained tokens (the suffix side drafts up to the longest block it
         # may), worth what chained tokens have been accepted at; priced on its match alone, a 1-token match looked

@@ -260,7 +260,7 @@ class RequestSpeculation:
                 self.stats.num_fallback_rounds += 1
                 metrics.FALLBACK_ROUNDS.labels(reason=round_.fallback).inc()
         # a shared step's time is for StepCost, not RoundCost; a step decoded while the draft drafted is not a plain
-        # step's price where the two share cores: it is timed with the block it waited for (`RoundCost.stepping`)
+        # step's price where the two share cores: it is timed with the block it waited for (`RoundCost.ready_time`)
         stepped = round_.fallback == "stepped"
         seconds = 0.0 if round_.shared or stepped else round_.seconds
         # this round's ask; reset, for the vLLM engine records a step's round before it asks for the next block
@@ -286,8 +286,8 @@ class RequestSpeculation:
                 self.draft.link.pace.timed_out(prefetched_k, prefetch_s)
             elif not sized:
                 self.draft.link.pace.observe(prefetched_k, prefetch_s)
-            if not sized:  # what stepping while the model drafts costs, against what it was priced at
-                self.policy.cost.observe_stepping(prefetch_s)
+            if not sized:  # what stepping while the model drafts costs
+                self.policy.cost.observe_ready(prefetched_k, prefetch_s)
         if not round_.num_draft_tokens and round_.fallback in DRAFT_GAVE_NOTHING and asked_k and not reading:
             self.policy.observe(asked_k, 0, seconds)  # drafting's price, not a plain step's
         elif not round_.num_draft_tokens and (asked_k or self.sized_only):

@@ -225,8 +225,9 @@ def test_a_prefetched_answer_times_the_draft_and_one_given_up_on_grows_its_estim
 def test_a_step_decoded_while_the_draft_drafts_is_timed_with_its_block_not_as_a_plain_step():
     """Plain steps took 0.1 s and the draft's answers 0.1 s. A step decoded while the draft drafts took 0.25 s (the
     two shared cores): that is not what a plain step costs, so neither the plain round's time nor its forward's
-    learns it; and its block, answered 0.3 s after its ask, teaches the policy that stepping beside the draft takes
-    about 3 times the longer of the two alone (`RoundCost.stepping`), against which stepping is weighed."""
+    learns it; and its block of 4 (3 asked, one more for the step's token), answered 0.3 s after its ask, teaches the
+    policy that stepping beside the draft takes that long at that size (`RoundCost.ready_time`), against which
+    stepping is weighed."""
     async def main():
         async with draft_server(inject_delay_ms=300, enable_fault_injection=True) as (address, _servicer):
             link = DraftLink(address, ServerConfig(), target(), timeout_s=5.0, pipeline=False)
@@ -244,11 +245,11 @@ def test_a_step_decoded_while_the_draft_drafts_is_timed_with_its_block_not_as_a_
                 assert await session.prefetch(tokens, 3) == ""
                 speculation.record(Round(0, 0, 0.25, forward_s=0.25, fallback="stepped"))
                 assert cost.seconds[0].value == pytest.approx(0.1) and cost.forward[0].value == pytest.approx(0.1)
-                assert cost.stepping_slowdown() == 1.0  # nothing timed yet
+                assert cost.ready_time(4) is None  # nothing timed yet
                 block, first_ok = await session.at_hand(tokens + [truth(25)], 3)
                 assert first_ok is True and block.token_ids
                 speculation.record(Round(len(block.token_ids), len(block.token_ids), 0.1, forward_s=0.1))
-                assert cost.stepping_slowdown() == pytest.approx(3.0, abs=1.5)
+                assert cost.ready_time(4) == pytest.approx(0.3, abs=0.15)
             finally:
                 speculation.close(None)
                 await link.close()

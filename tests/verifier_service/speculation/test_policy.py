@@ -16,6 +16,7 @@ from verifier_service.speculation.policy import (
     RoundCost,
     SpeculationPolicy,
     StepCost,
+    waiting_and_stepping,
 )
 
 
@@ -525,19 +526,42 @@ def test_a_far_draft_is_asked_during_a_plain_step_when_waiting_for_it_costs_more
 
 @pytest.mark.parametrize("ready_s, steps", [
     (0.10, True),  # the block was ready when the step ended, as priced: stepping pays, as above
-    (0.16, False),  # step and draft took 1.6 times that side by side (they share cores): 1.43 tokens in 0.205 s
+    (0.16, False),  # step and draft took 0.16 s side by side (they share cores): 1.43 tokens in 0.205 s
 ])
 def test_a_far_draft_is_waited_for_where_stepping_beside_it_was_measured_to_slow_both(ready_s, steps):
     """The far draft above, 30% accepted (stepping priced at 1.43 tokens in 0.145 s against waiting's 1.43 in 0.18
-    s): a block asked during a plain step took ready_s from its ask to its answer, against the 0.1 s priced (the
-    longer of the plain step and the draft's 0.03 s wait). Where the step and the draft slow each other, the round
-    waits (`RoundCost.stepping`); where they do not, it still steps."""
+    s, the step's block ready with the step at 0.1 s): a block of 5 (a round of 4, one token more asked during the
+    step) took ready_s from its ask to its answer. Where the step and the draft slow each other, the round waits
+    (`RoundCost.ready_time`); where they do not, it still steps."""
     cost = cost_of(0.1, 0.02, acceptance=0.3)
     cost.observe_wait(0.03)
-    cost.observe_stepping(ready_s)
-    assert cost.stepping_slowdown() == pytest.approx(ready_s / 0.1)
+    cost.observe_ready(5, ready_s)
+    assert cost.ready_time(5) == pytest.approx(ready_s)
     policy = SpeculationPolicy(4, 8, cost=cost)
     assert policy.step_while_drafting(4) is steps
+
+
+def test_stepping_is_priced_at_the_ready_time_measured_for_its_block_not_at_a_ratio_over_the_average_wait():
+    """A slow draft beside the target on shared cores: plain steps of 0.1 s, rounds of 1 and 4 of 0.27 and 0.42 s
+    (their waits 0.15 and 0.3 s), 50% accepted. A block of 5 asked during a step came 0.4 s after its ask, when the
+    draft's waits averaged 0.3 s. Rounds of 1 then bring that average down to 0.15 s: a ratio of the ready time over
+    the average wait (1.33) would price the next step's block of 5 at 0.2 s and step; measured at its size, it
+    takes 0.4 s, and the round of 4 waits. A block of 2 is priced along the sizes timed, not at the 0.4 s."""
+    cost = timed({0: 0.1, 1: 0.27, 4: 0.42})
+    cost.acceptance[True] = seen(0.5)
+    for _ in range(3):
+        cost.observe_wait(0.3)
+    cost.observe_ready(5, 0.4)
+    for _ in range(20):
+        cost.observe_wait(0.15)
+    policy = SpeculationPolicy(4, 8, cost=cost)
+    assert cost.ready_time(5) == pytest.approx(0.4)
+    assert not policy.step_while_drafting(4)
+    alpha = min(policy.alpha(), 0.999)
+    waiting, stepping = waiting_and_stepping(alpha, 4, 0.1, cost.time(4), cost.wait.value, 0.4 / 0.3 * cost.wait.value)
+    assert stepping > waiting  # what the ratio would have chosen
+    cost.observe_ready(2, 0.2)
+    assert cost.ready_time(3) == pytest.approx(0.2 + (0.4 - 0.2) / 3)
 
 
 def test_a_prefetched_block_whose_first_token_was_wrong_ends_a_retry_and_is_not_counted_as_rejected():
