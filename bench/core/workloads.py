@@ -26,9 +26,10 @@ REPETITIVE_WORKLOADS = ["extraction", "agent_loop", "sql", "faq"]
 CLASSIC_WORKLOADS = ["copy_heavy", "structured", "chat", "creative", "long_prompt"]
 # The order of the default run and of the report (repetitive first: their draft cache starts cold).
 DEFAULT_WORKLOADS = REPETITIVE_WORKLOADS + CLASSIC_WORKLOADS
-# Shipped, not in the default run: code writing and refactoring (a code model's draft, the hybrid draft); named with
-# --workloads code, or the set 'all'.
-EXTRA_WORKLOADS = ["code", "function_calling"]
+# Shipped, not in the default run: code writing and refactoring (a code model's draft, the hybrid draft), and 20 chat
+# questions (chat's 4 are too few to tell two drafts apart on a noisy machine); named with --workloads, or the set
+# 'all'.
+EXTRA_WORKLOADS = ["code", "function_calling", "chat_questions"]
 # Workloads whose every line carries the JSON Schema of its answer (structured outputs).
 SCHEMA_WORKLOADS = ["extraction", "agent_loop", "function_calling"]
 

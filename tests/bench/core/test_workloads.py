@@ -162,3 +162,12 @@ def test_workload_sets():
     assert parse_workloads("all") == DEFAULT_WORKLOADS + EXTRA_WORKLOADS and "code" not in DEFAULT_WORKLOADS
     with pytest.raises(ValueError, match="unknown workload"):
         parse_workloads("faq,nope")
+
+
+def test_chat_questions_are_20_distinct_free_questions_kept_out_of_the_default_run():
+    prompts = load_workload("chat_questions")
+    chat = {p.text for p in load_workload("chat")}
+    assert len({p.id for p in prompts}) == len(prompts) == 20 and "chat_questions" not in DEFAULT_WORKLOADS
+    for p in prompts:
+        assert p.text.startswith("<|im_start|>user\n") and p.text.endswith("<|im_end|>\n<|im_start|>assistant\n")
+        assert p.text not in chat and p.temperature == 0.0 and p.max_tokens == 64
