@@ -10,7 +10,9 @@ per-prompt ratios with a 95% interval (`bench.core.intervals`: on these machines
 than most of the differences measured here; `model-twin` measures that), the hybrid's blocks by side (from the draft's /metrics) and each stack's rounds without a block by
 reason (from the verifier's); --out writes it all with the machine (CPU model and flags). `hybrid-priced` is a
 second hybrid stack whose verifier sets the threshold (--hybrid-threshold priced), so that both rules run
-interleaved in one run. The machine may be shared: quote the figures with that.
+interleaved in one run. The machine may be shared: quote the figures with that. To set a method's ratio to off
+against the advisor's prediction, predict on the same prompts: `python -m bench advise ... --prompts
+bench/workloads/<name>.jsonl --max-prompts N`, with N this run's --per-workload (a workload's first N either way).
 
     python -m tools.hybrid_check --model .cache/models/qwen2.5-coder-1.5b --draft-model .cache/models/qwen2.5-coder-0.5b \\
         --dtype bfloat16 --workloads code,extraction,sql,chat --out bench/results/pair/hybrid_check.json
