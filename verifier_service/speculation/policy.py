@@ -337,6 +337,11 @@ class RoundCost:
         _, slope = fitted_line(sorted(timed.items()))
         return max(along(timed, asked, slope), 1e-9)
 
+    def stepping_ready_time(self, k: int) -> float | None:
+        """`ready_time` of the block a round of k asks during its plain step: one token longer
+        (`DraftSession.prefetch`), so that k remain after the step's token."""
+        return self.ready_time(k + 1)
+
     def line(self, drafted_only: bool = False) -> tuple[float, float] | None:
         """(a, b) with T(k) = a + b k fitted to the measured block sizes (only k >= 1 when drafted_only),
         or None before any round was timed."""
@@ -632,8 +637,7 @@ class SpeculationPolicy:
             return False
         k = min(k, self.max_k)
         alpha = min(self.alpha(), 0.999)
-        # the step's block is asked one token longer (`DraftSession.prefetch`): k after the step's token
-        waiting, stepping = waiting_and_stepping(alpha, k, times[0], times[k], wait, self.cost.ready_time(k + 1))
+        waiting, stepping = waiting_and_stepping(alpha, k, times[0], times[k], wait, self.cost.stepping_ready_time(k))
         return stepping > waiting
 
     def observe_first_token(self, accepted: bool) -> None:
@@ -733,7 +737,7 @@ class SpeculationPolicy:
         overhead = max(times[0] - forward[0], 0.0)  # a round's sampling, bookkeeping and transport
         model_rate = self._model_block_rate(k, alpha, times, forward[k] + overhead,
                                             pace.predicted(k) if pace is not None else None,
-                                            self.cost.ready_time(k + 1))
+                                            self.cost.stepping_ready_time(k))
         sized_times = [t + overhead for t in forward]
         # such a block goes on past its match with chained tokens (the suffix side drafts up to the longest block it
         # may), worth what chained tokens have been accepted at; priced on its match alone, a 1-token match looked
