@@ -105,6 +105,7 @@ FORCED_PRIOR = 1.0  # acceptance assumed of a token the grammar forced: the targ
 PLAIN_PRIOR_TOKENS = 8.0  # weight of the server-wide plain share of a hybrid's free rounds in a request's, in tokens
 # matched tokens of the hybrid's suffix blocks judged server-wide before --hybrid-threshold priced overrules the draft
 PRICED_AFTER_JUDGED = 16.0
+CALIBRATION_PRIOR_TOKENS = 2.0  # weight of the prior in a sized blocks' calibration, in expected accepted tokens
 
 
 def with_draft_pace(cost: RoundCost, times: list[float] | None, pace: typing.Any) -> list[float] | None:
@@ -253,6 +254,24 @@ class Acceptance:
         return min(1.0, alpha + z * (alpha * (1.0 - alpha) / (self.judged + PRIOR_DRAFT_TOKENS)) ** 0.5)
 
 
+@dataclasses.dataclass
+class Calibration:
+    """Draft tokens accepted over those expected, both summed over the same rounds and fading by `decay` per round: how
+    far an estimate of a block's accepted tokens is borne out, with a prior (1: it is) worth CALIBRATION_PRIOR_TOKENS
+    expected tokens."""
+
+    decay: float
+    expected: float = 0.0
+    realized: float = 0.0
+
+    def add(self, expected: float, realized: int) -> None:
+        self.expected = self.decay * self.expected + expected
+        self.realized = self.decay * self.realized + realized
+
+    def value(self, prior: float = 1.0) -> float:
+        return (self.realized + prior * CALIBRATION_PRIOR_TOKENS) / (self.expected + CALIBRATION_PRIOR_TOKENS)
+
+
 class RoundCost:
     """Server-wide: the wall time of a round against its block size, and the acceptance rate."""
 
@@ -264,6 +283,8 @@ class RoundCost:
         self.chained = {True: Acceptance(SERVER_DECAY), False: Acceptance(SERVER_DECAY)}  # chained tokens, by greedy
         self.forced = {greedy: Acceptance(SERVER_DECAY, FORCED_PRIOR) for greedy in (True, False)}  # grammar-forced
         self.by_length: dict[bool, dict[int, Acceptance]] = {True: {}, False: {}}  # matched tokens, by drafted match
+        # the blocks judged apart, by greedy: their accepted tokens over those their price expected (`cut_block`)
+        self.sized_calibration = {True: Calibration(SERVER_DECAY), False: Calibration(SERVER_DECAY)}
         self.plain_since_drafted = 0  # plain rounds server-wide since the last drafted one
         self.wait = Ewma()  # what a round that asked the draft waited for its answer (round trip + drafting)
         self.forward: dict[int, Ewma] = {}  # the target's forward pass alone, by verified draft tokens
@@ -485,6 +506,7 @@ class SpeculationPolicy:
         self.acceptance = Acceptance(DECAY)  # this request's
         self.sized_acceptance = Acceptance(DECAY)  # this request's, of the blocks judged apart (`sized_alpha`)
         self.chained_acceptance = Acceptance(DECAY)  # this request's, of chained tokens (`chained_alpha`)
+        self.sized_calibration = Calibration(DECAY)  # this request's, of the blocks judged apart (`sized_borne_out`)
         self.cooldown = 0  # plain rounds left before speculation is retried
         self.next_cooldown = COOLDOWN_ROUNDS
         self.probing = False
@@ -492,6 +514,8 @@ class SpeculationPolicy:
         self.cut_times: list[float] | None = None  # round times to cut blocks on (None: verify what the draft matched)
         self.cut_alpha: float | None = None  # the acceptance the round's k was chosen on (None: alpha())
         self.cut_from = 0  # the matched length of the block last cut, as drafted: its round's evidence files under it
+        # a block judged apart, as cut: (tokens verified, accepted tokens its price expected), for its calibration
+        self.cut_expected: tuple[int, float] | None = None
         self.plain_share = PlainShare()  # of this request's tokens before its hybrid draft's model was asked
 
     def alpha(self) -> float:
@@ -510,6 +534,14 @@ class SpeculationPolicy:
         one as a prior. Server-wide alone, code's chained tokens, seldom right, priced extraction's, mostly right
         where the output copies its input, and the hybrid's suffix side lost rounds there that it would have won."""
         return self.chained_acceptance.value(prior=self.cost.chained[self.greedy].value())
+
+    def sized_borne_out(self) -> float:
+        """The share of the accepted tokens a price expected of the blocks judged apart (the hybrid's suffix side) that
+        this request's such blocks brought, with the server's share as a prior. Their price reads the acceptance by
+        matched length server-wide, with this request's as a mere prior and half a standard error up (so that
+        `cut_block` explores), and chained tokens with the server's as a prior: it errs high on text whose short
+        matches are seldom right, and the request's own blocks show by how much."""
+        return self.sized_calibration.value(prior=self.cost.sized_calibration[self.greedy].value())
 
     def alpha_upper(self) -> float:
         """alpha() plus EXPLORE_Z standard errors of this request's evidence."""
@@ -538,7 +570,7 @@ class SpeculationPolicy:
         size (`verifier_service.draft.pace.DraftPace`), if any."""
         self.off_reason = ""
         self.cut_times, self.cut_alpha = None, None
-        self.cut_from = 0
+        self.cut_from, self.cut_expected = 0, None
         k = self.k
         if not self.fixed:
             if self.max_concurrency and live_sequences > self.max_concurrency:
@@ -666,25 +698,31 @@ class SpeculationPolicy:
             return matched if num_chained else num_tokens
         sunk = self.cost.wait.value or 0.0  # the draft's answer is here: its wait is no longer a cost of verifying
         alpha = min(self.alpha() if self.cut_alpha is None else self.cut_alpha, 0.999)
-        if sized and not self.draft_sizes_blocks:
+        apart = sized and not self.draft_sizes_blocks
+        if apart:
             # a draft that sizes only some blocks (hybrid): the round times hold the other side's waits (a model's), not
             # this block's, which came at once; what verifying it costs is the forward alone. Its acceptance is that
-            # of such blocks, not the model's
+            # of such blocks, not the model's, as borne out
             times, sunk = self.cost.forward_times(len(times) - 1) or times, 0.0
             alpha = min(self.sized_alpha(), 0.999)
-        best, _ = self._best_prefix(num_tokens, num_chained, num_forced, times[:1] + [t - sunk for t in times[1:]],
-                                    alpha)
+        best, _, expected = self._best_prefix(num_tokens, num_chained, num_forced,
+                                              times[:1] + [t - sunk for t in times[1:]], alpha,
+                                              self.sized_borne_out() if apart else 1.0)
+        if apart and best:
+            self.cut_expected = (best, expected)
         alike = self.cost.by_length[self.greedy].get(min(matched, LENGTH_BUCKETS))
         if alike is not None and best < matched:
             alike.fade()
         return best
 
     def _best_prefix(self, num_tokens: int, num_chained: int, num_forced: int, times: list[float],
-                     alpha: float) -> tuple[int, float]:
-        """(n, its expected tokens per second): the prefix of a block, from none to all of its num_tokens, that emits
-        the most tokens per second when a round verifying n costs times[n]. Its matched tokens are accepted with the
-        acceptance of blocks matched as far (`RoundCost.by_length`, alpha as its prior), each chained one with this
-        request's acceptance of chained tokens (`chained_alpha`), each forced one with the server's of forced tokens."""
+                     alpha: float, scale: float = 1.0) -> tuple[int, float, float]:
+        """(n, its expected tokens per second, its expected accepted tokens unscaled): the prefix of a block, from none
+        to all of its num_tokens, that emits the most tokens per second when a round verifying n costs times[n]. Its
+        matched tokens are accepted with the acceptance of blocks matched as far (`RoundCost.by_length`, alpha as its
+        prior), each chained one with this request's acceptance of chained tokens (`chained_alpha`), each forced one
+        with the server's of forced tokens; scale: the share of the accepted tokens so expected that is counted (the
+        sized blocks' calibration, `sized_borne_out`)."""
         matched = num_tokens - num_chained - num_forced
         alike = self.cost.by_length[self.greedy].get(min(matched, LENGTH_BUCKETS))  # blocks matched as far
         if alike is not None:
@@ -692,15 +730,15 @@ class SpeculationPolicy:
         alpha_chained = min(self.chained_alpha(), 0.999)
         alpha_forced = min(self.cost.forced[self.greedy].value(), 0.999)
         longest = min(num_tokens, len(times) - 1)
-        tokens, reach = 1.0, 1.0  # expected tokens of a round verifying n; the chance all n were accepted
-        best, best_rate = 0, 1.0 / times[0]
+        accepted, reach = 0.0, 1.0  # expected accepted tokens of a round verifying n; the chance all n were accepted
+        best, best_rate, best_accepted = 0, 1.0 / times[0], 0.0
         for n in range(1, longest + 1):
             reach *= alpha if n <= matched else alpha_chained if n <= matched + num_chained else alpha_forced
-            tokens += reach
-            rate = tokens / max(times[n], 1e-9)
+            accepted += reach
+            rate = (1.0 + scale * accepted) / max(times[n], 1e-9)
             if rate > best_rate:
-                best, best_rate = n, rate
-        return best, best_rate
+                best, best_rate, best_accepted = n, rate, accepted
+        return best, best_rate, best_accepted
 
     def min_sized(self, k: int, sized_only: bool = False, pace: typing.Any = None) -> int:
         """With priced_threshold (--hybrid-threshold priced), for a draft that sizes some of its blocks by their
@@ -710,7 +748,8 @@ class SpeculationPolicy:
         only as far as it pays. Else the shortest match at which such a block is worth more than the model's block
         of k: its worth is its expected tokens per second verified as far as it pays (`_best_prefix`, on the
         forward's times plus a plain round's overhead beyond its forward, with the acceptance of blocks matched as
-        far); the model block's is its tokens over its whole cost, the draft's time included (`_model_block_rate`);
+        far, its accepted tokens scaled by the share of those expected that such blocks brought, `sized_borne_out`);
+        the model block's is its tokens over its whole cost, the draft's time included (`_model_block_rate`);
         max_k + 1 where no match pays more. A match counts with the chained tokens that follow it up to max_k, once
         chained tokens have been judged (`RoundCost.chained`). In a retry of the model's blocks (after a cool-down),
         with either rule, max_k + 1: the model answers it. 0 (the draft's own rule) without priced_threshold,
@@ -744,9 +783,10 @@ class SpeculationPolicy:
         # worse than a model block where it brought more tokens per second
         chains = self.cost.chained[self.greedy].judged > 0
         sized_alpha = min(self.sized_alpha(), 0.999)
+        scale = self.sized_borne_out()
         for length in range(1, self.max_k + 1):
             chained = self.max_k - length if chains else 0
-            if self._best_prefix(length + chained, chained, 0, sized_times, sized_alpha)[1] >= model_rate:
+            if self._best_prefix(length + chained, chained, 0, sized_times, sized_alpha, scale)[1] >= model_rate:
                 return length
         return self.max_k + 1
 
@@ -784,7 +824,11 @@ class SpeculationPolicy:
         `RoundCost.observe`). sized: the draft sized this block by its evidence (`cut_block`'s sized): from a draft
         that does not size all its blocks (the hybrid), it is priced apart from the blocks k sizes."""
         drafted_matched, self.cut_from = self.cut_from, 0
+        cut_expected, self.cut_expected = self.cut_expected, None
         apart = sized and not self.draft_sizes_blocks
+        if apart and cut_expected is not None and cut_expected[0] == num_draft_tokens:  # verified as cut
+            self.sized_calibration.add(cut_expected[1], num_accepted)
+            self.cost.sized_calibration[self.greedy].add(cut_expected[1], num_accepted)
         self.cost.observe(num_draft_tokens, num_accepted, round_s, self.greedy, num_chained, drafted_matched,
                           num_forced, apart)
         if not num_draft_tokens:

@@ -13,6 +13,7 @@ from verifier_service.speculation.policy import (
     SERVER_DECAY,
     Acceptance,
     Batch,
+    Calibration,
     RoundCost,
     SpeculationPolicy,
     StepCost,
@@ -748,6 +749,61 @@ def test_a_requests_own_chained_tokens_price_its_matches_over_the_servers():
         policy.observe(4, 4, 0.1, num_chained=3, sized=True)
     assert policy.chained_alpha() > 0.5
     assert policy.min_sized(policy.block_size(1000, 1000)) == 1
+
+
+def test_the_suffix_sides_price_is_scaled_by_what_its_verified_blocks_bore_out():
+    """The suffix side's blocks are priced on estimates read optimistically (by length with a prior, half a standard
+    error up) and on chained tokens judged elsewhere. Each of its blocks verified as cut files the accepted tokens its
+    price expected against those accepted (`RoundCost.sized_calibration`), and the side's price is scaled by that
+    ratio: against the same model blocks, a 1-token match answers while nothing is borne out yet; where its blocks
+    brought a fifth of what was expected, only a 4-token match does; where they brought twice as much, a 1-token
+    match answers even with chained tokens that were never right (2 unscaled)."""
+    suffix = {1: 0.3, 2: 0.5, 3: 0.7, 4: 0.85, 5: 0.9, 6: 0.9, 7: 0.9, 8: 0.9}
+    middling = {0: 0.1, 1: 0.13, 2: 0.16, 4: 0.22, 8: 0.34}
+    thresholds = {}
+    for name, chained, borne_out in (("unscaled", 0.5, None), ("a fifth", 0.5, (40.0, 8.0)),
+                                     ("unscaled, never chained", 0.0, None), ("twice", 0.0, (20.0, 40.0))):
+        policy = hybrid_policy(middling, suffix)
+        policy.cost.chained[True] = seen(chained, 200)
+        if borne_out is not None:
+            policy.cost.sized_calibration[True] = Calibration(SERVER_DECAY, *borne_out)
+        thresholds[name] = policy.min_sized(policy.block_size(1000, 1000))
+    assert thresholds == {"unscaled": 1, "a fifth": 4, "unscaled, never chained": 2, "twice": 1}
+
+    policy = hybrid_policy(middling, suffix)
+    calibration = policy.cost.sized_calibration[True]
+    policy.block_size(1000, 1000)
+    n = policy.cut_block(6, 5, sized=True)
+    verified, expected = policy.cut_expected
+    assert verified == n > 0 and expected > 0
+    policy.observe(n, 0, 0.1, num_chained=n - 1, sized=True)
+    assert (calibration.expected, calibration.realized) == (expected, 0.0) and policy.cut_expected is None
+    assert (policy.sized_calibration.expected, policy.sized_calibration.realized) == (expected, 0.0)
+    policy.block_size(1000, 1000)
+    n = policy.cut_block(6, 5, sized=True)
+    policy.observe(n - 1, 0, 0.1, num_chained=n - 2, sized=True)  # verified shorter than cut: not its price's test
+    policy.block_size(1000, 1000)
+    policy.cut_block(4, 0)
+    policy.observe(4, 1, 0.14)  # a model block: priced otherwise
+    assert calibration.expected == expected
+
+
+def test_a_requests_own_suffix_blocks_show_how_far_their_price_is_borne_out():
+    """On a server whose suffix blocks brought what their price expected, a request whose 1-token matches (with 7
+    chained tokens) bring nothing: the server's acceptance by length barely moves, but the request's own share borne
+    out falls from 1 towards none, and its threshold rises from any match to 3 after three such blocks."""
+    suffix = {1: 0.3, 2: 0.5, 3: 0.7, 4: 0.85, 5: 0.9, 6: 0.9, 7: 0.9, 8: 0.9}
+    policy = hybrid_policy({0: 0.1, 1: 0.13, 2: 0.16, 4: 0.22, 8: 0.34}, suffix)
+    policy.cost.chained[True] = seen(0.5, 200)
+    policy.cost.sized_calibration[True] = Calibration(SERVER_DECAY, expected=100.0, realized=100.0)
+    thresholds = []
+    for _ in range(3):
+        thresholds.append(policy.min_sized(policy.block_size(1000, 1000)))
+        n = policy.cut_block(8, 7, sized=True)
+        policy.observe(n, 0, 0.1, num_chained=n - 1, sized=True)
+    thresholds.append(policy.min_sized(policy.block_size(1000, 1000)))
+    assert thresholds == [1, 2, 3, 3]
+    assert policy.sized_borne_out() < 0.6 < 0.95 < policy.cost.sized_calibration[True].value()
 
 
 def test_one_slow_forward_at_a_size_seldom_timed_does_not_price_every_longer_block():
