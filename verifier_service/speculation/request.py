@@ -332,6 +332,8 @@ class RequestSpeculation:
                 event["prefetched"] = True  # asked during the plain step before: no wait either
             if self.block.sized_by_draft:
                 event["sized"] = len(self.block.token_ids)  # sized by the draft's evidence (the hybrid's suffix side), as drafted
+                # the share of the accepted tokens such blocks' price expected that they brought (after this one)
+                event["borne_out"] = round(self.policy.sized_borne_out(), 3)
             if chained:
                 event["chained"] = chained  # the block's tokens chained past the draft's match
             if forced:

@@ -178,19 +178,22 @@ def test_a_block_too_weak_to_pay_is_a_plain_step_after_the_wait():
     asyncio.run(asyncio.wait_for(scenario(), 30))
 
 
+class RecordingSpan:
+    """A span that keeps its events, as (name, attributes)."""
+
+    def __init__(self):
+        self.events = []
+
+    def add_event(self, name, attributes):
+        self.events.append((name, attributes))
+
+
 def test_forced_tokens_are_their_own_figure():
     """A verified block's grammar-forced tokens (its last ones) are counted in the statistics and the round's span
     event, and the policy judges only the draft's own tokens: 2 of 3 verified tokens forced, all accepted."""
     from specdec.decoding.draft_block import DraftBlock
 
-    class Span:
-        def __init__(self):
-            self.events = []
-
-        def add_event(self, name, attributes):
-            self.events.append((name, attributes))
-
-    span, policy = Span(), SpeculationPolicy(4, 16)
+    span, policy = RecordingSpan(), SpeculationPolicy(4, 16)
     speculation = RequestSpeculation(policy, None, span)
     speculation.block = DraftBlock([5, 6, 7, 8], num_forced=3)  # verified as [5, 6, 7]: 2 forced
     speculation.record(Round(3, 3, 0.1))
@@ -199,18 +202,42 @@ def test_forced_tokens_are_their_own_figure():
     assert (policy.acceptance.accepted, policy.acceptance.judged) == (1, 1)
 
 
+def flat_rounds() -> RoundCost:
+    """A RoundCost that has seen rounds of k = 0..8 taking 0.30 + 0.02 k seconds, each block accepted whole."""
+    cost = RoundCost()
+    for _ in range(4):
+        cost.observe(0, 0, 0.30)
+        for k in range(1, 9):
+            cost.observe(k, k, 0.30 + 0.02 * k)
+    return cost
+
+
+def test_a_sized_rounds_span_event_says_how_far_its_blocks_price_is_borne_out():
+    """A suffix block of the hybrid (sized by its match), cut and verified with none of its tokens accepted: the
+    round's span event carries the tokens as drafted (`sized`) and the request's share borne out after it, now
+    below 1 (its price expected accepted tokens that did not come)."""
+    from specdec.decoding.draft_block import DraftBlock
+
+    policy = SpeculationPolicy(4, 6, cost=flat_rounds())
+    span = RecordingSpan()
+    speculation = RequestSpeculation(policy, None, span)
+    policy.block_size(100, 100)
+    speculation.block, _ = speculation._verified(DraftBlock(list(range(10)), sized_by_draft=True), "", 2)
+    verified = len(speculation.block.token_ids)
+    assert verified >= 1
+    speculation.record(Round(verified, 0, 0.3))
+    name, event = span.events[-1]
+    assert name == "round" and event["sized"] == verified
+    assert event["borne_out"] == round(policy.sized_borne_out(), 3) < 1.0
+
+
 def test_a_block_the_draft_sized_is_cut_to_what_pays_and_does_not_time_the_draft():
     """The hybrid draft's suffix side answers a round asked for k = 2 with 10 tokens sized by its match: the policy
     verifies as many as pay on the measured round times (more than 2, fewer than 10 where the tail would not pay),
     never past its largest k; and the instant answer teaches neither the draft's pace nor its wait."""
     from specdec.decoding.draft_block import DraftBlock
 
-    cost = RoundCost()
-    for _ in range(4):
-        cost.observe(0, 0, 0.30)
-        for k in range(1, 9):
-            cost.observe(k, k, 0.30 + 0.02 * k)
-    policy = SpeculationPolicy(4, 6, cost=cost)
+    policy = SpeculationPolicy(4, 6, cost=flat_rounds())
     for _ in range(10):
         policy.acceptance.add(4, 4)
     speculation = RequestSpeculation(policy, None)
