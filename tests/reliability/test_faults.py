@@ -104,10 +104,10 @@ def test_idle_sequence_is_dropped_after_the_ttl(stack):
         stub = verifier_pb2_grpc.VerifierServiceStub(channel)
         call = stub.Decode(verifier_pb2.DecodeRequest(request_id="idle-client", prompt_token_ids=[5, 6, 7],
                                                       max_tokens=400, num_speculative_tokens=4), timeout=60)
-        next(call)
-        started = time.monotonic()  # the client reads no more from here
-        # both copies of the sequence were live at some moment: on a loaded machine the draft's may open late, so
-        # each side is watched on its own rather than both in one scrape
+        # both copies of the sequence are live before the client stops reading. The draft's copy opens with the
+        # verifier's first ask, and on a loaded machine that ask may time out and back off: the client reads on,
+        # one message at a time, until the draft's copy is live too. Each side is watched on its own, not both
+        # in one scrape
         seen = set()
 
         def both_seen() -> bool:
@@ -115,7 +115,12 @@ def test_idle_sequence_is_dropped_after_the_ttl(stack):
                         if gauge(service) == 1)
             return len(seen) == 2
 
-        assert wait_for(both_seen, 10), f"live on {sorted(seen)} only"
+        deadline = time.monotonic() + 10
+        next(call)
+        while not both_seen():
+            assert time.monotonic() < deadline, f"live on {sorted(seen)} only"
+            assert next(call, None) is not None, f"the request ended while live on {sorted(seen)} only"
+        started = time.monotonic()  # the client reads no more from here
         # within the TTL (plus the reaper's period) both copies of the sequence are gone
         assert wait_for(lambda: gauge(stack.verifier) == 0 and gauge(stack.draft) == 0, TTL_S * 4)
         dropped_after = time.monotonic() - started
