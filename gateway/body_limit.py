@@ -3,10 +3,16 @@
 ASGI middleware: a body announced larger than the limit (Content-Length) is answered 413 without reading
 it; a chunked body is counted as it arrives and refused as soon as it passes the limit. Either way the
 gateway holds at most `max_bytes` of one request, and never parses or tokenizes what cannot fit.
+
+A refused body's rest is drained (received and dropped, up to DRAIN_BYTES or DRAIN_S) before the 413 is sent. The
+answer closes the connection, and closing a socket with unread bytes resets it: a client still sending, or one
+whose bytes were still unread, then got "connection reset" instead of the 413 and its message (the openai client
+does not read a response before its upload ends).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 from gateway.openai_protocol import OpenAIError
@@ -18,6 +24,10 @@ JSON_BYTES_PER_CHAR = 12
 # The rest: the other fields, and a structured-outputs constraint of up to MAX_CONSTRAINT_BYTES (a schema sent as
 # a JSON string spells each of its bytes in up to 6: "\u001f").
 OVERHEAD_BYTES = 256 * 1024 + 6 * MAX_CONSTRAINT_BYTES
+# A refused body is drained up to this many bytes, or for this long, before its 413: past that the client may see a
+# reset, and the gateway spends no more on it
+DRAIN_BYTES = 16 * 1024 * 1024
+DRAIN_S = 5.0
 
 
 def replaying(body: dict, receive):
@@ -39,6 +49,7 @@ class BodyLimit:
             return await self.app(scope, receive, send)
         length = dict(scope.get("headers") or []).get(b"content-length")
         if length is not None and length.isdigit() and int(length) > self.max_bytes:
+            await drain(receive)
             return await self.refuse(send, int(length))
         # Read the body here, bounded, then hand it to the app as one message; later receives (the
         # disconnect a streaming response waits for) go to the server as before.
@@ -50,6 +61,8 @@ class BodyLimit:
             chunks.append(message.get("body", b""))
             size += len(chunks[-1])
             if size > self.max_bytes:
+                if message.get("more_body", False):
+                    await drain(receive)
                 return await self.refuse(send, size)
             if not message.get("more_body", False):
                 break
@@ -65,3 +78,20 @@ class BodyLimit:
                     "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
                                 (b"connection", b"close")]})
         await send({"type": "http.response.body", "body": body})
+
+
+async def drain(receive) -> int:
+    """Receive and drop the rest of a request body, up to DRAIN_BYTES or DRAIN_S; the bytes drained."""
+    drained = 0
+    try:
+        async with asyncio.timeout(DRAIN_S):
+            while drained < DRAIN_BYTES:
+                message = await receive()
+                if message["type"] != "http.request":  # the client left
+                    break
+                drained += len(message.get("body", b""))
+                if not message.get("more_body", False):
+                    break
+    except TimeoutError:
+        pass
+    return drained

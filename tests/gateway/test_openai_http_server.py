@@ -205,8 +205,8 @@ def post(port: int, body: bytes, chunked: bool = False) -> tuple[int, dict]:
             else:
                 connection.request("POST", "/v1/completions", body=body, headers=headers)
         except (BrokenPipeError, ConnectionResetError):
-            # A body refused mid-upload: the server answered 413 and closed while this client was still
-            # sending (half the runs of the chunked case). Its answer is already here: read it as a client would.
+            # A body refused mid-upload (past gateway.body_limit.DRAIN_BYTES, the server answers 413 and closes
+            # while a client still sends): its answer is already here, read it as a client would.
             pass
         reply = connection.getresponse()
         return reply.status, json.loads(reply.read())
