@@ -80,8 +80,8 @@ class BodyLimit:
         await send({"type": "http.response.body", "body": body})
 
 
-async def drain(receive) -> int:
-    """Receive and drop the rest of a request body, up to DRAIN_BYTES or DRAIN_S; the bytes drained."""
+async def drain(receive) -> None:
+    """Receive and drop the rest of a request body, up to DRAIN_BYTES or DRAIN_S."""
     drained = 0
     try:
         async with asyncio.timeout(DRAIN_S):
@@ -94,4 +94,3 @@ async def drain(receive) -> int:
                     break
     except TimeoutError:
         pass
-    return drained
