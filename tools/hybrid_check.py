@@ -1,18 +1,19 @@
 """The hybrid draft on the Qwen2.5-Coder pair: model, suffix and hybrid side by side, interleaved, per workload.
 
-One stack per method (the 1.5B verifies in each; model and hybrid draft with the 0.5B), all up at once. For each
-prompt of each workload (bench/workloads/<name>.jsonl, greedy; the first --per-workload of each): speculation off
-(k = 0) once, then each method at adaptive k, the methods' order rotating from prompt to prompt so that none always
-runs first on a warm cache; every output must be the plain run's; --passes repeats it all. Prints a JSON line per run
-and, at the end, each method's tokens/s summed over the prompts, its ratio to off, per workload (and again without
-the stacks' first request, "warm"), the hybrid's ratios to the other methods, each also as the geometric mean of its
-per-prompt ratios with a 95% interval (`bench.core.intervals`: on these machines two identical stacks differ by more
-than most of the differences measured here; `model-twin` measures that), the hybrid's blocks by side (from the draft's /metrics) and each stack's rounds without a block by
-reason (from the verifier's); --out writes it all with the machine (CPU model and flags). `hybrid-priced` is a
-second hybrid stack whose verifier sets the threshold (--hybrid-threshold priced), so that both rules run
-interleaved in one run. The machine may be shared: quote the figures with that. To set a method's ratio to off
-against the advisor's prediction, predict on the same prompts: `python -m bench advise ... --prompts
-bench/workloads/<name>.jsonl --max-prompts N`, with N this run's --per-workload (a workload's first N either way).
+One stack per method (the 1.5B verifies in each; model and hybrid draft with the 0.5B), all up at once. For each prompt
+of each workload (bench/workloads/<name>.jsonl, greedy; the first --per-workload of each): speculation off (k = 0, on
+the last method's stack) once and each method at adaptive k, their order rotating from prompt to prompt so that none,
+off included, always runs first after another stack's request (`slot` in each row); every output must be the plain
+run's; --passes repeats it all. Prints a JSON line per run and, at the end, each method's tokens/s summed over the
+prompts, its ratio to off, per workload (and again without the stacks' first request, "warm"), the hybrid's ratios to
+the other methods, each also as the geometric mean of its per-prompt ratios with a 95% interval (`bench.core.intervals`:
+on these machines two identical stacks differ by more than most of the differences measured here; `model-twin` measures
+that), the hybrid's blocks by side (from the draft's /metrics) and each stack's rounds without a block by reason (from
+the verifier's); --out writes it all with the machine (CPU model and flags). `hybrid-priced` is a second hybrid stack
+whose verifier sets the threshold (--hybrid-threshold priced), so that both rules run interleaved in one run. The
+machine may be shared: quote the figures with that. To set a method's ratio to off against the advisor's prediction,
+predict on the same prompts: `python -m bench advise ... --prompts bench/workloads/<name>.jsonl --max-prompts N`, with N
+this run's --per-workload (a workload's first N either way).
 
     python -m tools.hybrid_check --model .cache/models/qwen2.5-coder-1.5b --draft-model .cache/models/qwen2.5-coder-0.5b \\
         --dtype bfloat16 --workloads code,extraction,sql,chat --out bench/results/pair/hybrid_check.json
@@ -97,15 +98,19 @@ def main(argv=None) -> int:
             run(stub, prompts[0].text, 8, None, chat=False)
         for i, (pass_index, prompt) in enumerate((p, prompt) for p in range(args.passes) for prompt in prompts):
             max_tokens = prompt.max_tokens
-            plain = run(stubs[methods[-1]], prompt.text, max_tokens, 0, chat=False)
+            order = run_order(methods, i)
+            results = {method: run(stubs[methods[-1]] if method == "off" else stubs[method], prompt.text, max_tokens,
+                                   0 if method == "off" else None, chat=False)
+                       for method in order}
+            plain = results["off"]
             where = {"workload": prompt.workload, "prompt": prompt.id, "pass": pass_index}
-            print(json.dumps({**where, "method": "off",
+            print(json.dumps({**where, "method": "off", "slot": order.index("off"),
                               **{k: v for k, v in plain.items() if k != "tokens"}}), flush=True)
-            runs.append({**where, "method": "off", **plain, "identical": True})
-            for method in methods[i % len(methods):] + methods[:i % len(methods)]:
-                result = run(stubs[method], prompt.text, max_tokens, None, chat=False)
-                row = {**where, "method": method, "identical": result["tokens"] == plain["tokens"],
-                       "vs_off": round(result["tok_s"] / plain["tok_s"], 3),
+            runs.append({**where, "method": "off", "slot": order.index("off"), **plain, "identical": True})
+            for method in methods:
+                result = results[method]
+                row = {**where, "method": method, "slot": order.index(method),
+                       "identical": result["tokens"] == plain["tokens"], "vs_off": round(result["tok_s"] / plain["tok_s"], 3),
                        **{k: v for k, v in result.items() if k != "tokens"}}
                 print(json.dumps(row), flush=True)
                 runs.append({**row, "tokens": result["tokens"]})
@@ -145,6 +150,14 @@ def fallback_reasons(scraped: dict) -> dict[str, float]:
     """A verifier's rounds decoded without a block, by reason (specdec_fallback_rounds_total), warm-up included."""
     return {dict(labels)["reason"]: value for (name, labels), value in scraped.items()
             if name == FALLBACK_REASONS and value}
+
+
+def run_order(methods: tuple[str, ...], index: int) -> tuple[str, ...]:
+    """The order of a prompt's runs: off and the methods, rotated by one from prompt to prompt, so that none of them,
+    off included, always runs first after another stack's request (whatever that request leaves behind)."""
+    order = ("off", *methods)
+    shift = index % len(order)
+    return order[shift:] + order[:shift]
 
 
 def summarize(runs: list[dict], methods: tuple[str, ...]) -> dict:

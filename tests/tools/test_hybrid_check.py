@@ -51,3 +51,16 @@ def test_each_ratio_comes_with_the_interval_its_prompts_give():
     interval = summarize(runs, ("model", "suffix", "hybrid"))["hybrid"]["vs_better_interval"]
     assert interval["pairs"] == 6 and interval["ratio"] == pytest.approx(1.0, abs=1e-3)
     assert interval["low"] < 0.9 and interval["high"] > 1.1
+
+
+def test_off_takes_every_slot_in_turn_with_the_methods():
+    """Off rotates with the methods, so that whatever the request before leaves behind falls on each in turn."""
+    from tools.hybrid_check import run_order
+
+    methods = ("model", "suffix", "hybrid")
+    orders = [run_order(methods, i) for i in range(4)]
+    assert orders[0] == ("off", "model", "suffix", "hybrid")
+    assert orders[1] == ("model", "suffix", "hybrid", "off")
+    assert all(sorted(order) == sorted(("off", *methods)) for order in orders)
+    assert [order.index("off") for order in orders] == [0, 3, 2, 1]
+    assert run_order(methods, 4) == orders[0]
