@@ -110,7 +110,8 @@ def main(argv=None) -> int:
             for method in methods:
                 result = results[method]
                 row = {**where, "method": method, "slot": order.index(method),
-                       "identical": result["tokens"] == plain["tokens"], "vs_off": round(result["tok_s"] / plain["tok_s"], 3),
+                       "identical": result["tokens"] == plain["tokens"],
+                       "vs_off": round(result["tok_s"] / plain["tok_s"], 3),
                        **{k: v for k, v in result.items() if k != "tokens"}}
                 print(json.dumps(row), flush=True)
                 runs.append({**row, "tokens": result["tokens"]})
